@@ -1,0 +1,26 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="solar-hdf5",
+    version="0.1.0",
+    description="HDF5 data loading for distributed PyTorch training with an offline, reuse-maximising schedule",
+    long_description=open("README.md").read() if __import__("os").path.exists("README.md") else "",
+    long_description_content_type="text/markdown",
+    license="BSD-3-Clause",
+    python_requires=">=3.9",
+    packages=find_packages(include=["solar", "solar.*"]),
+    install_requires=[
+        "numpy>=1.23",
+        "h5py>=3.8",
+        "numba>=0.57",
+        "mpi4py>=3.1",
+        "tqdm>=4.60",
+        "torch>=2.1",  # admits the pinned torch==2.13.0 that the install step puts in first
+    ],
+    extras_require={
+        "mpich": ["mpich"],  # MPI from PyPI; on clusters use the site MPI instead
+        "plot": ["matplotlib>=3.5"],
+        "test": ["pytest>=7", "hypothesis>=6", "matplotlib>=3.5"],
+    },
+    entry_points={"console_scripts": ["solar=solar.cli:main"]},
+)

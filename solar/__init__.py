@@ -1,0 +1,12 @@
+"""solar: HDF5 data loading for distributed PyTorch training, planned offline (SOLAR-style).
+
+Data flows one way: layout (``solar.layout``) -> planner (``solar.scheduler``) ->
+schedule file -> buffer (``solar.buffer``) <- readers (``solar.io``) -> torch.
+"""
+__version__ = "0.1.0"
+
+from .errors import DecodeError, LayoutError, SolarError, SpecError  # noqa: E402
+from .layout import Layout, LayoutSpec, build_layout, load_layout  # noqa: E402
+
+__all__ = ["__version__", "SolarError", "SpecError", "LayoutError", "DecodeError", "Layout", "LayoutSpec",
+           "build_layout", "load_layout"]

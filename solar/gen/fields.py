@@ -1,0 +1,46 @@
+"""Smooth random fields: sums of a few random Fourier modes, seeded.
+
+A mode is ``a * exp(i(2 pi k.x + phi + w t))`` with integer wave vector ``k``
+(|k| <= kmax) and amplitude decaying with |k|, so fields look like smooth
+simulation output and compress like it (neither zeros nor white noise).
+Products of per-axis exponentials keep it cheap: a 2-D frame is one matrix product.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+
+def _modes(rng: np.random.Generator, ndim: int, n_modes: int, kmax: int):
+    k = rng.integers(-kmax, kmax + 1, size=(n_modes, ndim))
+    k[np.all(k == 0, axis=1), 0] = 1
+    amp = rng.standard_normal(n_modes) / (1.0 + np.linalg.norm(k, axis=1)) ** 1.5
+    phase = rng.uniform(0, 2 * np.pi, n_modes)
+    omega = rng.uniform(-0.3, 0.3, n_modes)
+    return k, amp * np.exp(1j * phase), omega
+
+
+def smooth_frames(rng: np.random.Generator, shape: Sequence[int], n_frames: int = 0,
+                  n_modes: int = 12, kmax: int = 6) -> np.ndarray:
+    """float32 field of ``shape`` (1-3 axes), or ``(n_frames, *shape)`` evolving in time."""
+    ndim = len(shape)
+    k, coef, omega = _modes(rng, ndim, n_modes, kmax)
+    axes = [np.exp(2j * np.pi * np.outer(k[:, a], np.arange(n) / n)) for a, n in enumerate(shape)]  # each (M, n)
+    t = np.arange(max(n_frames, 1))
+    c = coef[None, :] * np.exp(1j * np.outer(t, omega))  # (T, M)
+    if ndim == 1:
+        out = c @ axes[0]  # (T, X)
+    elif ndim == 2:
+        out = np.matmul(np.transpose(c[:, :, None] * axes[0][None], (0, 2, 1)), axes[1])  # (T, X, M) @ (M, Y)
+    else:
+        out = np.einsum("tm,mx,my,mz->txyz", c, axes[0], axes[1], axes[2], optimize=True)
+    out = out.real.astype(np.float32)  # (T, *shape)
+    return out if n_frames else out[0]
+
+
+def diffraction(amplitude: np.ndarray, phase: np.ndarray) -> np.ndarray:
+    """Far-field diffraction amplitude |FFT(A exp(i phi))| of a 2-D object (PtychoNN input)."""
+    obj = amplitude.astype(np.complex64) * np.exp(1j * phase.astype(np.complex64))
+    far = np.abs(np.fft.fftshift(np.fft.fft2(obj)))
+    return (far / max(float(far.max()), 1e-12)).astype(np.float32)

@@ -1,0 +1,255 @@
+"""Synthetic datasets with the real projects' HDF5 layouts (see docs/datasets.md).
+
+Every preset is ``fn(outdir, cfg) -> LayoutSpec``: it writes HDF5 files under
+``outdir`` and returns the spec it saved as ``outdir/solar-layout.json``.
+Data is seeded per sample, so the same seed gives the same values whatever the
+batching, and different samples differ.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Optional
+
+import h5py
+import numpy as np
+
+from ..errors import SpecError
+from ..layout.spec import LayoutSpec
+from .fields import diffraction, smooth_frames
+from .storage import Storage
+
+
+@dataclass(frozen=True)
+class GenConfig:
+    """Generator inputs; ``None`` means the preset's realistic default."""
+
+    samples: Optional[int] = None
+    seed: int = 0
+    size: Optional[int] = None
+    steps: Optional[int] = None
+    storage: Optional[Storage] = None
+    variant: Optional[str] = None
+    progress: bool = False
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        for name in ("samples", "size", "steps"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or v < 1):
+                raise SpecError(f"--{name} must be a positive integer, got {v!r}")
+        if not isinstance(self.seed, int) or self.seed < 0:
+            raise SpecError(f"--seed must be a non-negative integer, got {self.seed!r}")
+
+
+def _rng(seed: int, *keys: int) -> np.random.Generator:
+    return np.random.default_rng([seed, *keys])
+
+
+def _bar(total: int, desc: str, enabled: bool):
+    from tqdm import tqdm
+    return tqdm(total=total, desc=desc, unit="sample", disable=not enabled, leave=False)
+
+
+def _storage(cfg: GenConfig, default: Storage) -> Storage:
+    return cfg.storage if cfg.storage is not None else default
+
+
+# --------------------------------------------------------------------- PtychoNN
+def gen_ptychonn(outdir: str, cfg: GenConfig) -> LayoutSpec:
+    """One file, ``X_train``/``Y_I_train``/``Y_phi_train`` float32 ``[N, S, S, 1]``."""
+    n = cfg.samples or 2048
+    s = cfg.size or 128
+    st = _storage(cfg, Storage())
+    path = os.path.join(outdir, "ptychonn.h5")
+    names = ("X_train", "Y_I_train", "Y_phi_train")
+    with h5py.File(path, "w") as f, _bar(n, "ptychonn", cfg.progress) as bar:
+        shape = (n, s, s, 1)
+        dsets = [f.create_dataset(nm, shape=shape, dtype="f4", **st.kwargs(shape, 1)) for nm in names]
+        step = 64
+        for lo in range(0, n, step):
+            hi = min(n, lo + step)
+            batch = np.empty((3, hi - lo, s, s, 1), dtype=np.float32)  # (field, samples, S, S, 1)
+            for i in range(lo, hi):
+                rng = _rng(cfg.seed, 1, i)
+                amp = 1.0 + 0.25 * smooth_frames(rng, (s, s))
+                phase = np.pi * np.tanh(smooth_frames(rng, (s, s)))
+                batch[0, i - lo, ..., 0] = diffraction(amp, phase)
+                batch[1, i - lo, ..., 0] = amp
+                batch[2, i - lo, ..., 0] = phase
+            for k, d in enumerate(dsets):
+                d[lo:hi] = batch[k]
+            bar.update(hi - lo)
+    spec = LayoutSpec("rows", ("ptychonn.h5",), names, root=outdir, name="ptychonn")
+    spec.save(outdir)
+    return spec
+
+
+# --------------------------------------------------------------------- The Well
+WELL_NAME = "turbulent_radiative_layer_2D"
+WELL_PARAMS = (0.03, 0.1)  # tcool values: one file per parameter set in each split
+WELL_FIELDS = ("t0_fields/density", "t0_fields/pressure", "t1_fields/velocity")
+
+
+def _write_well_file(path: str, n_traj: int, T: int, nx: int, ny: int, tcool: float, st: Storage,
+                     seed: int, file_key: int, bar):
+    str_dt = h5py.string_dtype()
+    with h5py.File(path, "w") as f:
+        f.attrs["dataset_name"] = WELL_NAME
+        f.attrs["grid_type"] = "cartesian"
+        f.attrs["n_spatial_dims"] = 2
+        f.attrs["n_trajectories"] = n_traj
+        f.attrs["simulation_parameters"] = np.array(["tcool"], dtype=object).astype(str_dt)
+        f.attrs["tcool"] = tcool
+        dims = f.create_group("dimensions")
+        dims.attrs["spatial_dims"] = np.array(["x", "y"], dtype=object).astype(str_dt)
+        for name, vals in (("time", np.linspace(0, 1, T)), ("x", np.linspace(-0.5, 0.5, nx)),
+                           ("y", np.linspace(-1, 2, ny))):
+            d = dims.create_dataset(name, data=vals.astype(np.float32))
+            d.attrs["sample_varying"] = False
+        bcs = f.create_group("boundary_conditions")
+        for name, kind, dim in (("x_periodic", "PERIODIC", "x"), ("y_open", "OPEN", "y")):
+            g = bcs.create_group(name)
+            g.attrs["bc_type"] = kind
+            g.attrs["associated_dims"] = np.array([dim], dtype=object).astype(str_dt)
+            g.attrs["associated_fields"] = np.array([], dtype=object).astype(str_dt)
+            g.attrs["sample_varying"] = False
+            g.attrs["time_varying"] = False
+            n = nx if dim == "x" else ny
+            mask = np.zeros(n, dtype=bool)
+            if kind != "PERIODIC":
+                mask[[0, -1]] = True
+            g.create_dataset("mask", data=mask)
+        sc = f.create_group("scalars")
+        sc.attrs["field_names"] = np.array(["tcool"], dtype=object).astype(str_dt)
+        d = sc.create_dataset("tcool", data=np.float32(tcool))
+        d.attrs["time_varying"] = False
+        d.attrs["sample_varying"] = False
+        groups = {}
+        for g, names in (("t0_fields", ["density", "pressure"]), ("t1_fields", ["velocity"]), ("t2_fields", [])):
+            groups[g] = f.create_group(g)
+            groups[g].attrs["field_names"] = np.array(names, dtype=object).astype(str_dt)
+        dsets = {}
+        for name in WELL_FIELDS:
+            g, leaf = name.split("/")
+            shape = (n_traj, T, nx, ny) + ((2,) if g == "t1_fields" else ())
+            d = groups[g].create_dataset(leaf, shape=shape, dtype="f4", **st.kwargs(shape, 2))
+            d.attrs["dim_varying"] = np.array([True, True])
+            d.attrs["sample_varying"] = True
+            d.attrs["time_varying"] = True
+            dsets[name] = d
+        for b in range(n_traj):
+            rng = _rng(seed, 2, file_key, b)
+            dsets["t0_fields/density"][b] = np.exp(0.3 * smooth_frames(rng, (nx, ny), T))
+            dsets["t0_fields/pressure"][b] = 1.0 + 0.1 * smooth_frames(rng, (nx, ny), T)
+            vel = np.stack([smooth_frames(rng, (nx, ny), T), smooth_frames(rng, (nx, ny), T)], axis=-1)
+            dsets["t1_fields/velocity"][b] = vel  # (T, X, Y, 2)
+            bar.update(1)
+
+
+def gen_well(outdir: str, cfg: GenConfig) -> LayoutSpec:
+    """The Well: ``{name}/data/{train,valid,test}/{name}_tcool_{p}.hdf5``, one file per parameter.
+
+    ``samples`` = trajectories per train file (valid/test get a quarter, at least 1).
+    """
+    n_traj = cfg.samples or 4
+    T = cfg.steps or 101
+    nx = cfg.size or 128
+    ny = 3 * nx
+    st = _storage(cfg, Storage())
+    n_small = max(1, n_traj // 4)
+    jobs = []
+    for split, nt in (("train", n_traj), ("valid", n_small), ("test", n_small)):
+        folder = os.path.join(outdir, WELL_NAME, "data", split)
+        os.makedirs(folder, exist_ok=True)
+        for p_idx, tcool in enumerate(WELL_PARAMS):
+            jobs.append((os.path.join(folder, f"{WELL_NAME}_tcool_{tcool}.hdf5"), nt, tcool, len(jobs)))
+    with _bar(sum(j[1] for j in jobs), "well (trajectories)", cfg.progress) as bar:
+        for path, nt, tcool, key in jobs:
+            _write_well_file(path, nt, T, nx, ny, tcool, st, cfg.seed, key, bar)
+    spec = LayoutSpec("windows", (f"{WELL_NAME}/data/train/*.hdf5",), WELL_FIELDS, root=outdir,
+                      n_steps_input=4, n_steps_output=1, dt=1, name="well")
+    spec.save(outdir)
+    return spec
+
+
+# --------------------------------------------------------------------- PDEBench
+PDE_SINGLE = "2D_CFD_Rand_M0.1_Eta0.01_Zeta0.01_periodic_Train.hdf5"
+PDE_MULT = "2D_diff-react_NA_NA.h5"
+
+
+def gen_pdebench(outdir: str, cfg: GenConfig) -> LayoutSpec:
+    """PDEBench: ``single`` (root density/pressure/Vx/Vy ``[N, T, X, Y]``) or ``mult`` (group per seed)."""
+    variant = cfg.variant or "single"
+    if variant not in ("single", "mult"):
+        raise SpecError(f"pdebench variant must be 'single' or 'mult', got {variant!r}")
+    s = cfg.size or 128
+    if variant == "single":
+        n, T = cfg.samples or 100, cfg.steps or 21
+        st = _storage(cfg, Storage())
+        names = ("density", "pressure", "Vx", "Vy")
+        with h5py.File(os.path.join(outdir, PDE_SINGLE), "w") as f, _bar(n, "pdebench single", cfg.progress) as bar:
+            shape = (n, T, s, s)
+            dsets = [f.create_dataset(nm, shape=shape, dtype="f4", **st.kwargs(shape, 1)) for nm in names]
+            grid = np.linspace(0, 1, s, endpoint=False, dtype=np.float32) + 0.5 / s
+            f.create_dataset("x-coordinate", data=grid)
+            f.create_dataset("y-coordinate", data=grid)
+            f.create_dataset("t-coordinate", data=np.linspace(0, 1, T + 1, dtype=np.float32))
+            for i in range(n):
+                rng = _rng(cfg.seed, 3, i)
+                dsets[0][i] = np.exp(0.2 * smooth_frames(rng, (s, s), T))
+                dsets[1][i] = 1.0 + 0.1 * smooth_frames(rng, (s, s), T)
+                dsets[2][i] = 0.1 * smooth_frames(rng, (s, s), T)
+                dsets[3][i] = 0.1 * smooth_frames(rng, (s, s), T)
+                bar.update(1)
+        spec = LayoutSpec("rows", (PDE_SINGLE,), names, root=outdir, name="pdebench-single")
+    else:
+        n, T = cfg.samples or 50, cfg.steps or 101
+        st = _storage(cfg, Storage(chunk_samples=1, compression="lzf"))
+        with h5py.File(os.path.join(outdir, PDE_MULT), "w") as f, _bar(n, "pdebench mult", cfg.progress) as bar:
+            for i in range(n):
+                rng = _rng(cfg.seed, 4, i)
+                g = f.create_group(f"{i:04d}")
+                data = np.stack([smooth_frames(rng, (s, s), T), smooth_frames(rng, (s, s), T)], axis=-1)
+                g.create_dataset("data", data=data, **st.kwargs(data.shape, 0))  # (T, X, Y, 2)
+                grid = g.create_group("grid")
+                grid.create_dataset("x", data=np.linspace(-1, 1, s, dtype=np.float32))
+                grid.create_dataset("y", data=np.linspace(-1, 1, s, dtype=np.float32))
+                grid.create_dataset("t", data=np.linspace(0, 5, T, dtype=np.float32))
+                bar.update(1)
+        spec = LayoutSpec("whole", (PDE_MULT,), ("data",), root=outdir, groups="*", name="pdebench-mult")
+    spec.save(outdir)
+    return spec
+
+
+# -------------------------------------------------------------------- CosmoFlow
+def gen_cosmoflow(outdir: str, cfg: GenConfig) -> LayoutSpec:
+    """One file per sample: ``full`` int16 ``[S, S, S, 4]`` particle counts, ``unitPar`` f32 ``[4]``."""
+    n = cfg.samples or 32
+    s = cfg.size or 128
+    st = _storage(cfg, Storage())
+    with _bar(n, "cosmoflow", cfg.progress) as bar:
+        for i in range(n):
+            rng = _rng(cfg.seed, 5, i)
+            full = np.empty((s, s, s, 4), dtype=np.int16)
+            for c in range(4):  # redshift channels: log-normal densities as particle counts
+                dens = np.exp(0.8 * smooth_frames(rng, (s, s, s)) + 0.5 * c / 4)
+                full[..., c] = np.minimum(np.floor(3.0 * dens), 32767).astype(np.int16)
+            with h5py.File(os.path.join(outdir, f"univ_{i:05d}.hdf5"), "w") as f:
+                f.create_dataset("full", data=full, **st.kwargs(full.shape, 0))
+                f.create_dataset("unitPar", data=rng.uniform(-1, 1, 4).astype(np.float32))
+            bar.update(1)
+    spec = LayoutSpec("whole", ("univ_*.hdf5",), ("full", "unitPar"), root=outdir, name="cosmoflow")
+    spec.save(outdir)
+    return spec
+
+
+PRESETS = {"ptychonn": gen_ptychonn, "well": gen_well, "pdebench": gen_pdebench, "cosmoflow": gen_cosmoflow}
+
+
+def generate(preset: str, outdir: str, cfg: GenConfig = GenConfig()) -> LayoutSpec:
+    """Write preset ``preset`` into ``outdir`` (created) and return its saved spec."""
+    if preset not in PRESETS:
+        raise SpecError(f"unknown preset {preset!r}; valid presets: {', '.join(PRESETS)}")
+    os.makedirs(outdir, exist_ok=True)
+    return PRESETS[preset](os.path.abspath(outdir), cfg)

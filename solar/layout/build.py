@@ -1,0 +1,211 @@
+"""Build a :class:`Layout` from a :class:`LayoutSpec` by reading HDF5 metadata."""
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import os
+from typing import List
+
+import h5py
+import numpy as np
+
+from ..errors import LayoutError
+from .blocks import chunk_grid, field_chunk_lists, merge_fields, virtual_chunks
+from .h5meta import DatasetInfo, read_dataset_info
+from .layout import Layout
+from .sources import Source
+from .spec import LayoutSpec
+
+
+def open_h5(path: str) -> h5py.File:
+    """Open read-only with file locking off; a clear error if it is not HDF5."""
+    if not os.path.exists(path):
+        raise LayoutError(f"file not found: {path}")
+    try:
+        return h5py.File(path, "r", locking=False)
+    except OSError as exc:
+        raise LayoutError(f"cannot open {path} as HDF5: {str(exc).splitlines()[0]}") from None
+
+
+def _where(path: str, name: str) -> str:
+    return f"{os.path.basename(path)}:/{name.lstrip('/')}"
+
+
+def _well_roles(dset: h5py.Dataset) -> str:
+    """Roles of a The Well field from its sample_varying / time_varying attributes."""
+    attrs = dset.attrs
+    if "sample_varying" in attrs or "time_varying" in attrs:
+        roles = ("b" if bool(attrs.get("sample_varying", True)) else "") + \
+                ("t" if bool(attrs.get("time_varying", True)) else "")
+        return roles
+    return "bt"
+
+
+class _Builder:
+    def __init__(self, spec: LayoutSpec):
+        self.spec = spec
+        self.files: List[str] = []
+        self.datasets: List[DatasetInfo] = []
+        self.block_shapes = []
+        self.tables = []  # per dataset: dict of chunk arrays, or None (contiguous)
+        self.sources: List[Source] = []
+
+    def add_dataset(self, h5f, file_idx: int, name: str, roles: str) -> int:
+        where = _where(self.files[file_idx], name)
+        info, table = read_dataset_info(h5f, file_idx, name, where)
+        if len(info.shape) < len(roles):
+            raise LayoutError(f"{where} has {len(info.shape)} axes, fewer than its sample axes ({roles!r})")
+        self.datasets.append(info)
+        self.block_shapes.append(info.chunks if info.chunks is not None else virtual_chunks(info.shape, roles))
+        self.tables.append(table)
+        return len(self.datasets) - 1
+
+    # ---------------------------------------------------------------- kinds
+    def rows(self, h5f, fi: int):
+        ids = [self.add_dataset(h5f, fi, name, "s") for name in self.spec.fields]
+        counts = {self.spec.fields[k]: self.datasets[d].shape[0] for k, d in enumerate(ids)}
+        if len(set(counts.values())) > 1:
+            desc = ", ".join(f"{n} has {c}" for n, c in counts.items())
+            raise LayoutError(f"fields disagree on the sample count in {os.path.basename(self.files[fi])}: {desc}")
+        n = next(iter(counts.values()))
+        self.sources.append(Source("rows", fi, "", tuple(ids), ("s",) * len(ids), n))
+
+    def windows(self, h5f, fi: int):
+        ids, roles = [], []
+        for name in self.spec.fields:
+            where = _where(self.files[fi], name)
+            if name not in h5f or not isinstance(h5f[name], h5py.Dataset):
+                raise LayoutError(f"dataset {name!r} not found in {self.files[fi]}")
+            r = _well_roles(h5f[name])
+            roles.append(r)
+            ids.append(self.add_dataset(h5f, fi, name, r))
+        fname = os.path.basename(self.files[fi])
+        trajs = {self.spec.fields[k]: self.datasets[d].shape[0] for k, d in enumerate(ids) if "b" in roles[k]}
+        steps = {self.spec.fields[k]: self.datasets[d].shape[roles[k].index("t")]
+                 for k, d in enumerate(ids) if "t" in roles[k]}
+        for what, table in (("trajectory", trajs), ("time-step", steps)):
+            if len(set(table.values())) > 1:
+                desc = ", ".join(f"{n} has {c}" for n, c in table.items())
+                raise LayoutError(f"fields disagree on the {what} count in {fname}: {desc}")
+        if not steps:
+            raise LayoutError(f"no time-varying field in {fname}: windows need a time axis")
+        n_steps = next(iter(steps.values()))
+        n_traj = next(iter(trajs.values())) if trajs else int(h5f.attrs.get("n_trajectories", 1))
+        span = self.spec.window_span
+        if span > n_steps:
+            raise LayoutError(
+                f"window of {self.spec.window} frames with dt={self.spec.dt} spans {span} steps, longer than "
+                f"the {n_steps}-step trajectories in {fname}")
+        src = Source("windows", fi, "", tuple(ids), tuple(roles), n_traj * (n_steps - span + 1),
+                     n_traj, n_steps, self.spec.window, self.spec.dt)
+        self.sources.append(src)
+
+    def whole(self, h5f, fi: int):
+        if self.spec.groups is None:
+            groups = [""]
+        else:
+            groups = sorted(k for k in h5f.keys()
+                            if isinstance(h5f[k], h5py.Group) and fnmatch.fnmatchcase(k, self.spec.groups))
+            if not groups:
+                raise LayoutError(f"no group matching {self.spec.groups!r} in {self.files[fi]}")
+        for g in groups:
+            ids = []
+            for name in self.spec.fields:
+                full = f"{g}/{name}" if g else name
+                ids.append(self.add_dataset(h5f, fi, full, ""))
+            self.sources.append(Source("whole", fi, g, tuple(ids), ("",) * len(ids), 1))
+
+    # ---------------------------------------------------------------- blocks
+    def block_arrays(self):
+        starts = np.zeros(len(self.datasets) + 1, dtype=np.int64)
+        for d, (info, shp) in enumerate(zip(self.datasets, self.block_shapes)):
+            starts[d + 1] = starts[d] + int(np.prod(chunk_grid(info.shape, shp), dtype=np.int64))
+        n_b = int(starts[-1])
+        offset = np.empty(n_b, dtype=np.int64)
+        stored = np.empty(n_b, dtype=np.int64)
+        nbytes = np.empty(n_b, dtype=np.int64)
+        mask = np.zeros(n_b, dtype=np.uint32)
+        dset = np.empty(n_b, dtype=np.int32)
+        for d, (info, shp, table) in enumerate(zip(self.datasets, self.block_shapes, self.tables)):
+            lo, hi = starts[d], starts[d + 1]
+            dset[lo:hi] = d
+            chunk_bytes = int(np.prod(shp, dtype=np.int64)) * info.itemsize
+            nbytes[lo:hi] = chunk_bytes
+            if table is None:
+                base = info.offset if info.offset is not None else -1
+                offset[lo:hi] = base + np.arange(hi - lo, dtype=np.int64) * chunk_bytes if base >= 0 else -1
+                stored[lo:hi] = chunk_bytes
+            else:
+                offset[lo:hi] = table["offset"]
+                stored[lo:hi] = table["nbytes"]
+                mask[lo:hi] = table["mask"]
+        return starts, dict(block_dataset=dset, block_offset=offset, block_stored=stored,
+                            block_nbytes=nbytes, block_mask=mask)
+
+    def sample_arrays(self, ds_start):
+        ptrs, ids = [], []
+        source_start = np.zeros(len(self.sources) + 1, dtype=np.int64)
+        for s, src in enumerate(self.sources):
+            source_start[s + 1] = source_start[s] + src.n_samples
+            index, t0 = src.coords(np.arange(src.n_samples, dtype=np.int64))
+            counts, lists = [], []
+            for d, roles in zip(src.datasets, src.roles):
+                c, lin = field_chunk_lists(self.datasets[d].shape, self.block_shapes[d], roles, index, t0,
+                                           src.window, src.dt, n_samples=src.n_samples)
+                counts.append(c)
+                lists.append(lin + ds_start[d])
+            ptr, blk = merge_fields(counts, lists)
+            ptrs.append(ptr)
+            ids.append(blk)
+        # concatenate per-source CSRs: shift each source's row pointers by the links before it
+        sample_ptr = [np.zeros(1, dtype=np.int64)]
+        base = 0
+        for ptr in ptrs:
+            sample_ptr.append(ptr[1:] + base)
+            base += int(ptr[-1])
+        return source_start, np.concatenate(sample_ptr), (np.concatenate(ids) if ids else np.zeros(0, np.int64))
+
+
+def fingerprint(spec: LayoutSpec, files, datasets, arrays) -> str:
+    """sha256 over the spec, each file's name/size/mtime, dataset metadata and the block map."""
+    h = hashlib.sha256()
+    h.update(json.dumps(spec.to_dict(), sort_keys=True).encode())
+    for p in files:
+        st = os.stat(p)
+        h.update(json.dumps([os.path.relpath(p, spec.root), st.st_size, st.st_mtime_ns]).encode())
+    for info in datasets:
+        h.update(json.dumps([info.file, info.name, info.shape, info.dtype, info.chunks,
+                             [(f.id, f.values) for f in info.filters]]).encode())
+    for name in ("block_offset", "block_stored", "block_mask"):
+        h.update(np.ascontiguousarray(arrays[name]).tobytes())
+    return h.hexdigest()
+
+
+def build_layout(spec: LayoutSpec, progress: bool = False) -> Layout:
+    """Read the files named by ``spec`` and return their :class:`Layout`.
+
+    Raises :class:`~solar.errors.LayoutError` (one line, naming the culprit)
+    for a missing file, dataset or group, disagreeing sample counts, a
+    non-numeric or empty dataset, a window longer than a trajectory, or a
+    filter nobody can decode.
+    """
+    b = _Builder(spec)
+    paths = spec.resolve_files()
+    kind = getattr(b, spec.kind)
+    it = paths
+    if progress and len(paths) > 20:
+        from tqdm import tqdm
+        it = tqdm(paths, desc="layout", unit="file")
+    for p in it:
+        b.files.append(p)
+        with open_h5(p) as h5f:
+            kind(h5f, len(b.files) - 1)
+    ds_start, arrays = b.block_arrays()
+    source_start, sample_ptr, sample_blocks = b.sample_arrays(ds_start)
+    if sample_ptr.shape[0] == 1:
+        raise LayoutError(f"no samples in {', '.join(paths)}")
+    arrays.update(dataset_block_start=ds_start, source_start=source_start,
+                  sample_ptr=sample_ptr, sample_blocks=sample_blocks)
+    fp = fingerprint(spec, b.files, b.datasets, arrays)
+    return Layout(spec, tuple(b.files), tuple(b.datasets), tuple(b.block_shapes), tuple(b.sources), arrays, fp)

@@ -1,0 +1,1 @@
+"""Offline planner (issue: planner).  Not built yet: this package is empty on purpose."""

@@ -1,0 +1,53 @@
+import os
+import sys
+import tempfile
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))  # for `import helpers`
+
+
+@pytest.fixture(scope="session")
+def comm():
+    """MPI.COMM_WORLD: size 1 under plain pytest, 2 under `mpiexec -n 2 python -m pytest -m mpi`."""
+    from mpi4py import MPI
+    return MPI.COMM_WORLD
+
+
+@pytest.fixture
+def shared_tmp(comm):
+    """A temporary folder that every rank sees (made on rank 0, name broadcast)."""
+    path = tempfile.mkdtemp(prefix="solar-mpi-") if comm.rank == 0 else None
+    path = comm.bcast(path, root=0)
+    yield path
+    comm.Barrier()
+    if comm.rank == 0:
+        import shutil
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def on_root(comm, fn):
+    """Run ``fn`` on rank 0 and broadcast its result; an exception there is raised on every rank."""
+    res = None
+    if comm.rank == 0:
+        try:
+            res = ("ok", fn())
+        except BaseException as exc:  # noqa: BLE001 - re-raised on every rank below
+            res = ("err", f"{type(exc).__name__}: {exc}")
+    status, val = comm.bcast(res, root=0)
+    if status == "err":
+        raise RuntimeError(f"rank 0 failed: {val}")
+    return val
+
+
+def pytest_runtest_logreport(report):
+    """Under mpiexec, a failure on one rank aborts the whole job instead of leaving the
+    other ranks waiting in a collective forever."""
+    if not report.failed:
+        return
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    if comm.size > 1:
+        sys.stderr.write(f"\n[rank {comm.rank}] {report.nodeid} FAILED:\n{report.longreprtext}\n")
+        sys.stderr.flush()
+        comm.Abort(1)
