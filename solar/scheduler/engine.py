@@ -1,0 +1,467 @@
+"""The numba kernel shared by every policy: assign a step's samples to ranks, then
+run each rank's buffer (hits, loads, evictions) under its byte budget.
+
+Pure: arrays in, arrays out; no I/O, no MPI, no clock.
+
+State kept across epochs (see :class:`EngineState`): a hash table of resident
+``(rank, block)`` pairs with each entry's eviction priority, one lazy max-heap
+of ``(priority, block)`` per rank (stale entries are skipped when popped), the
+bytes resident per rank, and ``owner[block]``: the rank a block is routed to
+(for reassigning policies) or that last loaded it.
+
+Priorities (the heap pops the largest):
+``belady``  next use step (``INF`` = never again) - farthest first;
+``lru``     minus the last use step - least recently used first;
+``fifo``    minus the load step, not refreshed on hits - oldest load first.
+"""
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+INF = np.int64(1) << np.int64(62)
+EMPTY = np.int64(-1)
+TOMB = np.int64(-2)
+
+# assignment modes
+STRIDED, ROUTED, BOUNDARY = 0, 1, 2
+# eviction kinds
+BELADY, LRU, FIFO = 0, 1, 2
+
+# status codes returned by run_epoch
+OK, TOO_SMALL, HEAP_FULL, OUT_FULL, TABLE_FULL = 0, 1, 2, 3, 4
+
+_GOLD = np.uint64(11400714819323198485)
+
+
+@nb.njit(inline="always")
+def _slot(key, mask):
+    return np.int64((np.uint64(key) * _GOLD) >> np.uint64(24)) & mask
+
+
+@nb.njit
+def ht_find(keys, key):
+    mask = keys.shape[0] - 1
+    h = _slot(key, mask)
+    while True:
+        k = keys[h]
+        if k == key:
+            return h
+        if k == EMPTY:
+            return -1
+        h = (h + 1) & mask
+
+
+@nb.njit
+def ht_insert(keys, key):
+    """Slot for a key known to be absent; ``-slot-1`` when it reused a tombstone."""
+    mask = keys.shape[0] - 1
+    h = _slot(key, mask)
+    while keys[h] >= 0:
+        h = (h + 1) & mask
+    was_tomb = keys[h] == TOMB
+    keys[h] = key
+    return -h - 1 if was_tomb else h
+
+
+@nb.njit
+def heap_push(hk, hb, hn, r, key, blk):
+    i = hn[r]
+    hn[r] = i + 1
+    while i > 0:
+        p = (i - 1) >> 1
+        if hk[r, p] >= key:
+            break
+        hk[r, i] = hk[r, p]
+        hb[r, i] = hb[r, p]
+        i = p
+    hk[r, i] = key
+    hb[r, i] = blk
+
+
+@nb.njit
+def heap_pop(hk, hb, hn, r):
+    key = hk[r, 0]
+    blk = hb[r, 0]
+    n = hn[r] - 1
+    hn[r] = n
+    if n > 0:
+        lk = hk[r, n]
+        lb = hb[r, n]
+        i = 0
+        while True:
+            c = 2 * i + 1
+            if c >= n:
+                break
+            if c + 1 < n and hk[r, c + 1] > hk[r, c]:
+                c += 1
+            if hk[r, c] <= lk:
+                break
+            hk[r, i] = hk[r, c]
+            hb[r, i] = hb[r, c]
+            i = c
+        hk[r, i] = lk
+        hb[r, i] = lb
+    return key, blk
+
+
+@nb.njit
+def heap_compact(hk, hb, hn, r, keys, prio, n_blocks):
+    """Drop stale entries of rank r's heap and re-heapify."""
+    m = 0
+    for i in range(hn[r]):
+        blk = hb[r, i]
+        h = ht_find(keys, r * n_blocks + blk)
+        if h >= 0 and prio[h] == hk[r, i]:
+            hk[r, m] = hk[r, i]
+            hb[r, m] = blk
+            m += 1
+    hn[r] = 0
+    tk = hk[r, :m].copy()
+    tb = hb[r, :m].copy()
+    for i in range(m):
+        heap_push(hk, hb, hn, r, tk[i], tb[i])
+
+
+@nb.njit
+def _rr_next(ptr, P, cnt, limit):
+    """Next rank (round robin from ptr[0]) with cnt < limit[rank]; -1 if none."""
+    for _ in range(P):
+        r = ptr[0]
+        ptr[0] = (r + 1) % P
+        if cnt[r] < limit[r]:
+            return r
+    return -1
+
+
+@nb.njit
+def _rr_pick(ptr, P, cnt, limit, due, t, cap_t):
+    """Round robin over ranks with a free slot whose buffer can still serve a block due at t."""
+    R = due.shape[1]
+    if t < INF:
+        slot = t % R
+        r0 = ptr[0]
+        for i in range(P):
+            r = (r0 + i) % P
+            if cnt[r] < limit[r] and due[r, slot] < cap_t:
+                ptr[0] = (r + 1) % P
+                return r
+    return _rr_next(ptr, P, cnt, limit)
+
+
+@nb.njit
+def run_epoch(idx, bounds, acc_ptr, nu, step0, P, cap_lo, cap_hi, target, mode, evict_kind, budget,
+              boundary_steps, sample_ptr, sample_blocks, block_nbytes, block_stored,
+              keys, prio, used, hk, hb, hn, res_bytes, owner, stamp, n_res,
+              rank_of, st_count, st_hits, st_hit_bytes, st_miss, st_miss_bytes, st_stored,
+              record, load_blk, load_ptr, evict_blk, evict_ptr, err, due, blocks_per_slot):
+    """Process every step of one epoch.
+
+    idx        int64[T]    sample id of each position of the epoch's global index
+    bounds     int64[S+1]  global batch k = positions bounds[k]:bounds[k+1]
+    acc_ptr    int64[T+1]  accesses of position p: sample_blocks[sample_ptr[idx[p]]...], nu[acc_ptr[p]...]
+    nu         int64[A]    next use step of each access's block (after this step; INF = never)
+    cap_lo/hi  int64[S]    per-rank sample count bounds of each step; target int64[S] = per-rank share
+    rank_of    int32[T]    out: rank of each position
+    st_*       int64[S,P]  out: samples, hits, hit bytes, misses, miss bytes, stored bytes read
+    load_*/evict_*         out (if record): block ids, CSR over (step, rank): ptr int64[S*P+1]
+    err        int64[4]    out on failure: (status, step, rank, bytes needed)
+    due        int64[P,R]  ROUTED: blocks resident on rank r whose next use is step t (ring, R = 2S+1);
+                           a rank can serve at most cap_hi * blocks_per_slot of them at t, so a block
+                           past that is kept at INF priority and misses are routed where they fit
+    """
+    n_blocks = block_nbytes.shape[0]
+    S = bounds.shape[0] - 1
+    cnt = np.zeros(P, np.int64)
+    lim = np.zeros(P, np.int64)
+    rr = np.zeros(1, np.int64)
+    aff_rank = np.empty(64, np.int64)
+    aff_val = np.empty(64, np.int64)
+    pos_by_rank = np.empty(bounds[S] - bounds[0] + 1, np.int64)
+    rank_start = np.zeros(P + 1, np.int64)
+    need_blk = np.empty(1024, np.int64)
+    need_nu = np.empty(1024, np.int64)
+    loads = np.empty(1024, np.int64)
+    n_load = 0
+    n_evict = 0
+    heap_cap = hk.shape[1]
+    for k in range(S):
+        s = step0 + k
+        lo = bounds[k]
+        hi = bounds[k + 1]
+        cnt[:] = 0
+        # ------------------------------------------------------------ assignment
+        if mode == STRIDED or (mode == BOUNDARY and k >= boundary_steps):
+            for p in range(lo, hi):
+                r = (p - lo) % P
+                rank_of[p] = r
+                cnt[r] += 1
+        elif mode == BOUNDARY:
+            # SOLAR-2023: a sample whose first block is held goes to its holder if it has a
+            # free slot; all other samples are dealt round robin and appended (uneven sizes).
+            rest = 0
+            for p in range(lo, hi):
+                o = owner[sample_blocks[sample_ptr[idx[p]]]]
+                if o >= 0 and cnt[o] < target[k]:
+                    rank_of[p] = o
+                    cnt[o] += 1
+                else:
+                    rank_of[p] = -1
+                    rest += 1
+            r = 0
+            for p in range(lo, hi):
+                if rank_of[p] < 0:
+                    rank_of[p] = r
+                    cnt[r] += 1
+                    r = (r + 1) % P
+        else:
+            # ROUTED: pass A sends each sample with resident (or already claimed) blocks to the
+            # rank holding most of its bytes, within cap_hi and keeping cap_lo feasible.
+            deficit = P * cap_lo[k]
+            unassigned = hi - lo
+            for p in range(lo, hi):
+                rank_of[p] = -1
+                smp = idx[p]
+                na = 0
+                for a in range(sample_ptr[smp], sample_ptr[smp + 1]):
+                    blk = sample_blocks[a]
+                    o = owner[blk]
+                    if o < 0:
+                        continue
+                    found = False
+                    for j in range(na):
+                        if aff_rank[j] == o:
+                            aff_val[j] += block_nbytes[blk]
+                            found = True
+                            break
+                    if not found and na < 64:
+                        aff_rank[na] = o
+                        aff_val[na] = block_nbytes[blk]
+                        na += 1
+                best = -1
+                bval = -1
+                for j in range(na):
+                    o = aff_rank[j]
+                    if cnt[o] >= cap_hi[k]:
+                        continue
+                    d_after = deficit - (1 if cnt[o] < cap_lo[k] else 0)
+                    if unassigned - 1 < d_after:
+                        continue
+                    if aff_val[j] > bval:
+                        bval = aff_val[j]
+                        best = o
+                if best >= 0:
+                    rank_of[p] = best
+                    if cnt[best] < cap_lo[k]:
+                        deficit -= 1
+                    cnt[best] += 1
+                    unassigned -= 1
+                    for a in range(sample_ptr[smp], sample_ptr[smp + 1]):
+                        if owner[sample_blocks[a]] < 0:
+                            owner[sample_blocks[a]] = best  # claim: co-block samples follow
+            # pass B: the rest, first up to cap_lo on every rank, then up to the target share
+            for phase in range(2):
+                for r in range(P):
+                    lim[r] = cap_lo[k] if phase == 0 else target[k]
+                for p in range(lo, hi):
+                    if rank_of[p] >= 0:
+                        continue
+                    smp = idx[p]
+                    r = -1
+                    for a in range(sample_ptr[smp], sample_ptr[smp + 1]):
+                        o = owner[sample_blocks[a]]
+                        if o >= 0 and cnt[o] < lim[o]:
+                            r = o
+                            break
+                    if r < 0:
+                        t = nu[acc_ptr[p]]
+                        cap_t = cap_hi[(t - step0) % S] * blocks_per_slot if t < INF else 0
+                        r = _rr_pick(rr, P, cnt, lim, due, t, cap_t)
+                        if r < 0:
+                            break
+                    rank_of[p] = r
+                    cnt[r] += 1
+                    for a in range(sample_ptr[smp], sample_ptr[smp + 1]):
+                        if owner[sample_blocks[a]] < 0:
+                            owner[sample_blocks[a]] = r
+        # positions grouped by rank (counting sort, keeps index order inside a rank)
+        rank_start[:] = 0
+        for p in range(lo, hi):
+            rank_start[rank_of[p] + 1] += 1
+        for r in range(P):
+            rank_start[r + 1] += rank_start[r]
+            st_count[k, r] = rank_start[r + 1] - rank_start[r]
+        for r in range(P):
+            lim[r] = rank_start[r]
+        for p in range(lo, hi):
+            r = rank_of[p]
+            pos_by_rank[lim[r]] = p
+            lim[r] += 1
+        # ------------------------------------------------------------ buffers
+        for r in range(P):
+            tag = s * P + r
+            nn = 0
+            load_bytes = 0
+            nl = 0
+            for q in range(rank_start[r], rank_start[r + 1]):
+                p = pos_by_rank[q]
+                smp = idx[p]
+                base = sample_ptr[smp]
+                for a in range(base, sample_ptr[smp + 1]):
+                    blk = sample_blocks[a]
+                    if stamp[blk] == tag:
+                        continue
+                    stamp[blk] = tag
+                    if nn == need_blk.shape[0]:
+                        need_blk = np.concatenate((need_blk, np.empty(nn, np.int64)))
+                        need_nu = np.concatenate((need_nu, np.empty(nn, np.int64)))
+                    need_blk[nn] = blk
+                    need_nu[nn] = nu[acc_ptr[p] + a - base]
+                    nn += 1
+                    h = ht_find(keys, r * n_blocks + blk)
+                    if h >= 0:
+                        used[h] = s
+                        st_hits[k, r] += 1
+                        st_hit_bytes[k, r] += block_nbytes[blk]
+                    else:
+                        if nl == loads.shape[0]:
+                            loads = np.concatenate((loads, np.empty(nl, np.int64)))
+                        loads[nl] = blk
+                        nl += 1
+                        load_bytes += block_nbytes[blk]
+            # evict farthest-priority residents not needed now until the loads fit
+            while res_bytes[r] + load_bytes > budget:
+                if hn[r] == 0:
+                    err[0] = TOO_SMALL
+                    err[1] = s
+                    err[2] = r
+                    err[3] = load_bytes + res_bytes[r]
+                    return n_load, n_evict
+                key, blk = heap_pop(hk, hb, hn, r)
+                h = ht_find(keys, r * n_blocks + blk)
+                if h < 0 or prio[h] != key or used[h] == s:
+                    continue
+                keys[h] = TOMB
+                if mode == ROUTED and evict_kind == BELADY and key < INF:
+                    due[r, key % due.shape[1]] -= 1
+                n_res[0] -= 1
+                n_res[1] += 1
+                res_bytes[r] -= block_nbytes[blk]
+                if owner[blk] == r:
+                    owner[blk] = -1
+                if record:
+                    if n_evict == evict_blk.shape[0]:
+                        err[0] = OUT_FULL
+                        return n_load, n_evict
+                    evict_blk[n_evict] = blk
+                n_evict += 1
+            for j in range(nl):
+                blk = loads[j]
+                if n_res[0] + n_res[1] + 1 > (keys.shape[0] * 7) // 10:
+                    err[0] = TABLE_FULL
+                    err[1] = s
+                    return n_load, n_evict
+                h = ht_insert(keys, r * n_blocks + blk)
+                if h < 0:
+                    h = -h - 1
+                    n_res[1] -= 1  # reused a tombstone
+                n_res[0] += 1
+                prio[h] = EMPTY
+                used[h] = s
+                res_bytes[r] += block_nbytes[blk]
+                st_miss[k, r] += 1
+                st_miss_bytes[k, r] += block_nbytes[blk]
+                st_stored[k, r] += block_stored[blk]
+                if mode != ROUTED:
+                    owner[blk] = r  # the last loader (SOLAR-2023 routes boundary samples to it)
+                if record:
+                    load_blk[n_load] = blk
+                n_load += 1
+            # refresh priorities of everything this rank used at this step
+            for j in range(nn):
+                blk = need_blk[j]
+                h = ht_find(keys, r * n_blocks + blk)
+                if evict_kind == BELADY:
+                    newp = need_nu[j]
+                    if mode == ROUTED:
+                        if owner[blk] != r:
+                            newp = INF  # a copy of a block routed elsewhere: first to go
+                        elif newp < INF:
+                            slot = newp % due.shape[1]
+                            if due[r, slot] < cap_hi[(newp - step0) % S] * blocks_per_slot:
+                                due[r, slot] += 1
+                            else:
+                                newp = INF  # this rank cannot serve another block at that step
+                elif evict_kind == LRU:
+                    newp = -s
+                else:
+                    if prio[h] != EMPTY:
+                        continue  # FIFO: hits do not refresh
+                    newp = -s
+                if prio[h] == newp:
+                    continue
+                prio[h] = newp
+                if hn[r] >= heap_cap:
+                    heap_compact(hk, hb, hn, r, keys, prio, n_blocks)
+                    if hn[r] >= heap_cap:
+                        err[0] = HEAP_FULL
+                        err[1] = s
+                        err[2] = r
+                        return n_load, n_evict
+                heap_push(hk, hb, hn, r, newp, blk)
+            if record:
+                load_ptr[k * P + r + 1] = n_load
+                evict_ptr[k * P + r + 1] = n_evict
+        if mode == ROUTED:
+            for r in range(P):
+                due[r, s % due.shape[1]] = 0
+    return n_load, n_evict
+
+
+@nb.njit
+def ht_rebuild(keys, prio, used, new_keys, new_prio, new_used):
+    """Copy live entries into fresh (EMPTY-filled) arrays, dropping tombstones."""
+    for i in range(keys.shape[0]):
+        if keys[i] >= 0:
+            h = ht_insert(new_keys, keys[i])
+            new_prio[h] = prio[i]
+            new_used[h] = used[i]
+
+
+@nb.njit
+def next_use(idx, bounds, step0, idx_n, bounds_n, step0_n, acc_ptr, P, per_rank, sample_ptr, sample_blocks,
+             last, nu):
+    """Fill ``nu`` (int64[A], aligned with ``acc_ptr``) with each access's next use step.
+
+    The next use of a block used at step s is the first later step that uses it, in
+    this epoch or the next one (``idx_n``; empty when this is the last epoch), else
+    INF.  ``per_rank``: next use by the same rank under the strided split (position
+    p of a batch starting at lo goes to rank (p - lo) % P).  ``last``: int64[B]
+    scratch, INF on entry and on exit.
+    """
+    n_groups = P if per_rank else 1
+    stride = P if per_rank else 1
+    for g in range(n_groups):
+        for k in range(bounds_n.shape[0] - 2, -1, -1):
+            for p in range(bounds_n[k] + g, bounds_n[k + 1], stride):
+                smp = idx_n[p]
+                for a in range(sample_ptr[smp], sample_ptr[smp + 1]):
+                    last[sample_blocks[a]] = step0_n + k
+        for k in range(bounds.shape[0] - 2, -1, -1):
+            for p in range(bounds[k] + g, bounds[k + 1], stride):
+                smp = idx[p]
+                base = sample_ptr[smp]
+                for a in range(base, sample_ptr[smp + 1]):
+                    nu[acc_ptr[p] + a - base] = last[sample_blocks[a]]
+            for p in range(bounds[k] + g, bounds[k + 1], stride):
+                smp = idx[p]
+                for a in range(sample_ptr[smp], sample_ptr[smp + 1]):
+                    last[sample_blocks[a]] = step0 + k
+        for p in range(idx.shape[0]):
+            smp = idx[p]
+            for a in range(sample_ptr[smp], sample_ptr[smp + 1]):
+                last[sample_blocks[a]] = INF
+        for p in range(idx_n.shape[0]):
+            smp = idx_n[p]
+            for a in range(sample_ptr[smp], sample_ptr[smp + 1]):
+                last[sample_blocks[a]] = INF
