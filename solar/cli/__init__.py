@@ -5,9 +5,9 @@ import argparse
 import sys
 
 from ..errors import SolarError
-from . import gen_cmd, inspect_cmd
+from . import gen_cmd, inspect_cmd, simulate_cmd
 
-COMMANDS = (gen_cmd, inspect_cmd)
+COMMANDS = (gen_cmd, inspect_cmd, simulate_cmd)
 
 
 def build_parser() -> argparse.ArgumentParser:

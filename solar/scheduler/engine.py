@@ -22,6 +22,7 @@ import numpy as np
 INF = np.int64(1) << np.int64(62)
 EMPTY = np.int64(-1)
 TOMB = np.int64(-2)
+FRESH = INF + np.int64(1)  # priority of a block loaded this step, before its refresh
 
 # assignment modes
 STRIDED, ROUTED, BOUNDARY = 0, 1, 2
@@ -36,7 +37,7 @@ _GOLD = np.uint64(11400714819323198485)
 
 @nb.njit(inline="always")
 def _slot(key, mask):
-    return np.int64((np.uint64(key) * _GOLD) >> np.uint64(24)) & mask
+    return np.int64((np.uint64(key) * _GOLD) >> np.uint64(24)) & mask  # wraps mod 2**64 by design
 
 
 @nb.njit
@@ -182,6 +183,8 @@ def run_epoch(idx, bounds, acc_ptr, nu, step0, P, cap_lo, cap_hi, target, mode, 
     need_blk = np.empty(1024, np.int64)
     need_nu = np.empty(1024, np.int64)
     loads = np.empty(1024, np.int64)
+    pinned_k = np.empty(1024, np.int64)
+    pinned_b = np.empty(1024, np.int64)
     n_load = 0
     n_evict = 0
     heap_cap = hk.shape[1]
@@ -330,6 +333,7 @@ def run_epoch(idx, bounds, acc_ptr, nu, step0, P, cap_lo, cap_hi, target, mode, 
                         nl += 1
                         load_bytes += block_nbytes[blk]
             # evict farthest-priority residents not needed now until the loads fit
+            n_pinned = 0
             while res_bytes[r] + load_bytes > budget:
                 if hn[r] == 0:
                     err[0] = TOO_SMALL
@@ -339,7 +343,15 @@ def run_epoch(idx, bounds, acc_ptr, nu, step0, P, cap_lo, cap_hi, target, mode, 
                     return n_load, n_evict
                 key, blk = heap_pop(hk, hb, hn, r)
                 h = ht_find(keys, r * n_blocks + blk)
-                if h < 0 or prio[h] != key or used[h] == s:
+                if h < 0 or prio[h] != key:
+                    continue  # stale entry
+                if used[h] == s:  # needed now: cannot go, but keep its entry (FIFO never re-pushes)
+                    if n_pinned == pinned_k.shape[0]:
+                        pinned_k = np.concatenate((pinned_k, np.empty(n_pinned, np.int64)))
+                        pinned_b = np.concatenate((pinned_b, np.empty(n_pinned, np.int64)))
+                    pinned_k[n_pinned] = key
+                    pinned_b[n_pinned] = blk
+                    n_pinned += 1
                     continue
                 keys[h] = TOMB
                 if mode == ROUTED and evict_kind == BELADY and key < INF:
@@ -355,6 +367,8 @@ def run_epoch(idx, bounds, acc_ptr, nu, step0, P, cap_lo, cap_hi, target, mode, 
                         return n_load, n_evict
                     evict_blk[n_evict] = blk
                 n_evict += 1
+            for j in range(n_pinned):
+                heap_push(hk, hb, hn, r, pinned_k[j], pinned_b[j])
             for j in range(nl):
                 blk = loads[j]
                 if n_res[0] + n_res[1] + 1 > (keys.shape[0] * 7) // 10:
@@ -366,7 +380,7 @@ def run_epoch(idx, bounds, acc_ptr, nu, step0, P, cap_lo, cap_hi, target, mode, 
                     h = -h - 1
                     n_res[1] -= 1  # reused a tombstone
                 n_res[0] += 1
-                prio[h] = EMPTY
+                prio[h] = FRESH
                 used[h] = s
                 res_bytes[r] += block_nbytes[blk]
                 st_miss[k, r] += 1
@@ -395,7 +409,7 @@ def run_epoch(idx, bounds, acc_ptr, nu, step0, P, cap_lo, cap_hi, target, mode, 
                 elif evict_kind == LRU:
                     newp = -s
                 else:
-                    if prio[h] != EMPTY:
+                    if prio[h] != FRESH:
                         continue  # FIFO: hits do not refresh
                     newp = -s
                 if prio[h] == newp:

@@ -1,0 +1,84 @@
+"""``solar simulate``: hit rate and storage bytes of each policy on a layout or a synthetic one."""
+from __future__ import annotations
+
+import json
+import sys
+
+from ..errors import SpecError
+from ..scheduler.config import parse_bytes
+from ..scheduler.policies import POLICIES
+from ..scheduler.run import Demand
+from ..scheduler.simulate import dataset_bytes, format_table, plot, simulate
+
+EPILOG = """\
+policies: torch (DistributedSampler + per-rank LRU), nopfs (DistributedSampler + per-rank Belady),
+solar2023 (SOLAR's published algorithm), solar (ours), ideal (one P x budget Belady buffer).
+
+examples:
+  solar simulate --samples 16384 --sample-bytes 196608 -P 8 -b 32 --epochs 5 --buffer-fraction 0.1 0.25 0.5 0.9
+  solar simulate data/well -P 64 -b 4 --epochs 3 --buffer-fraction 0.25 --json
+  solar simulate --samples 65536 --sample-bytes 1e5 -P 512 -b 8 --buffer-fraction 0.1 0.5 --plot hit.png
+"""
+
+
+def add_parser(sub):
+    import argparse
+    p = sub.add_parser("simulate", help="compare loading policies (hit rate, storage bytes)",
+                       description="What-if simulation of the buffer policies on a real layout (SPEC) or a "
+                                   "synthetic one (--samples/--sample-bytes).",
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("spec", nargs="?", metavar="SPEC", help="layout spec, folder, or HDF5 file")
+    p.add_argument("--samples", type=int, help="synthetic: number of samples")
+    p.add_argument("--sample-bytes", type=parse_bytes, help="synthetic: bytes per sample")
+    p.add_argument("--samples-per-block", type=int, default=1, help="synthetic: samples sharing one block")
+    p.add_argument("--blocks-per-sample", type=int, default=1, help="synthetic: blocks per sample")
+    p.add_argument("-P", "--world-size", type=int, required=True)
+    p.add_argument("-b", "--local-batch", type=int, required=True)
+    p.add_argument("--epochs", type=int, default=5)
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--buffer-per-rank", type=parse_bytes, nargs="+", help="bytes per rank (2GiB, 5e8, ...)")
+    g.add_argument("--buffer-fraction", type=float, nargs="+", help="aggregate buffer / dataset bytes")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--epsilon", type=float, default=0.0, help="solar: per-rank batch imbalance bound")
+    p.add_argument("--drop-last", action="store_true")
+    p.add_argument("--policies", nargs="+", default=list(POLICIES), choices=list(POLICIES), metavar="POLICY")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--plot", metavar="PNG", help="write hit rate vs buffer fraction per policy")
+    p.set_defaults(run=run)
+    return p
+
+
+def run(args) -> int:
+    if args.spec:
+        from ..layout import load_layout
+        demand = Demand.from_layout(load_layout(args.spec, progress=sys.stderr.isatty()))
+        source = args.spec
+    else:
+        if not args.samples or not args.sample_bytes:
+            raise SpecError("give a SPEC, or --samples and --sample-bytes for a synthetic layout")
+        demand = Demand.synthetic(args.samples, args.sample_bytes, args.samples_per_block, args.blocks_per_sample)
+        source = f"synthetic: {args.samples} samples x {args.sample_bytes} B"
+    total = dataset_bytes(demand)
+    P = args.world_size
+    if args.buffer_fraction:
+        budgets = [(f, int(f * total / P)) for f in args.buffer_fraction]
+    else:
+        budgets = [(b * P / total, b) for b in args.buffer_per_rank]
+    rows = []
+    for frac, per_rank in budgets:
+        res = simulate(demand, P, args.local_batch, args.epochs, per_rank, seed=args.seed, drop_last=args.drop_last,
+                       epsilon=args.epsilon, policies=args.policies, progress=sys.stderr.isatty())
+        rows.append({"fraction": frac, "buffer_per_rank": per_rank, "results": res})
+    if args.plot:
+        plot(rows, args.plot, f"{source}; P={P}, b={args.local_batch}, E={args.epochs}, eps={args.epsilon}")
+    if args.json:
+        print(json.dumps({"source": source, "dataset_bytes": total, "world_size": P,
+                          "local_batch": args.local_batch, "epochs": args.epochs, "epsilon": args.epsilon,
+                          "rows": rows}, indent=2))
+    else:
+        print(f"{source}; dataset {total:,} B; P={P}, b={args.local_batch}, epochs={args.epochs}, "
+              f"epsilon={args.epsilon}")
+        print(format_table(rows))
+        if args.plot:
+            print(f"plot: {args.plot}")
+    return 0
