@@ -1,5 +1,5 @@
 # solar: set-up and the two commands of the README.
-#   make demo   create .venv, generate a PtychoNN-style file, run the main job on it
+#   make demo   create .venv, generate a PtychoNN-style file, describe it, simulate the loading policies on it
 #   make test   create .venv, run the unit tests, then the MPI tests under mpiexec -n 2
 PYTHON ?= python3
 VENV   ?= .venv
@@ -21,6 +21,7 @@ env: $(VENV)/.installed
 demo: env
 	$(VENV)/bin/solar gen ptychonn $(DATA) --samples 2048
 	$(VENV)/bin/solar inspect $(DATA)
+	$(VENV)/bin/solar simulate $(DATA) -P 8 -b 32 --epochs 4 --buffer-fraction 0.25 0.5 0.9 --plot $(DATA)/hit-rate.png
 
 test-unit: env
 	$(PY) -m pytest -q tests
