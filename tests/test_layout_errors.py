@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from solar.cli import main
-from solar.errors import LayoutError, SolarError, SpecError
+from solar.errors import SolarError, SpecError
 from solar.layout import LayoutSpec, build_layout, load_layout
 from helpers import make_dataset
 

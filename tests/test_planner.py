@@ -1,7 +1,6 @@
 """Planner invariants on random configurations (hypothesis), replayed independently."""
 import numpy as np
 import pytest
-import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 from torch.utils.data import DistributedSampler
 

@@ -74,7 +74,7 @@ class _Builder:
     def windows(self, h5f, fi: int):
         ids, roles = [], []
         for name in self.spec.fields:
-            where = _where(self.files[fi], name)
+            _where(self.files[fi], name)
             if name not in h5f or not isinstance(h5f[name], h5py.Dataset):
                 raise LayoutError(f"dataset {name!r} not found in {self.files[fi]}")
             r = _well_roles(h5f[name])

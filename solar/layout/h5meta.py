@@ -15,7 +15,7 @@ import numpy as np
 from ..errors import LayoutError
 from ..io.filters import DECODERS, Filter, filter_name
 
-_H5_FIX_ERRORS = (KeyError, OSError, ValueError, TypeError)
+_LOOKUP_ERRORS = (KeyError, OSError, ValueError, TypeError)
 
 
 @dataclass(frozen=True)
@@ -69,13 +69,15 @@ def read_dataset_info(h5file: h5py.File, file_idx: int, path: str, where: str):
     """
     try:
         obj = h5file[path]
-    except _H5_FIX_ERRORS:
+    except _LOOKUP_ERRORS:
         raise LayoutError(f"dataset {path!r} not found in {h5file.filename}") from None
     if not isinstance(obj, h5py.Dataset):
         raise LayoutError(f"{where} is a group, not a dataset")
     dt = _check_dtype(obj, where)
+    if obj.shape is None:
+        raise LayoutError(f"{where} is empty (null dataspace)")
     shape = tuple(int(s) for s in obj.shape)
-    if obj.shape is None or any(s == 0 for s in shape):
+    if any(s == 0 for s in shape):
         raise LayoutError(f"{where} is empty (shape {shape})")
     dsid = obj.id
     plist = dsid.get_create_plist()

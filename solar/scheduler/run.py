@@ -7,7 +7,6 @@ schedule writer streams to disk.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional
 

@@ -7,7 +7,7 @@ import numpy as np
 
 from .config import PlanConfig
 from .policies import POLICIES
-from .run import Demand, run_policy
+from .run import BufferTooSmall, Demand, run_policy
 
 
 def dataset_bytes(demand: Demand) -> int:
@@ -24,7 +24,11 @@ def simulate(demand: Demand, world_size: int, local_batch: int, epochs: int, buf
                      epsilon=epsilon)
     out = {}
     for name in policies:
-        r = run_policy(demand, cfg, name, progress=progress)
+        try:
+            r = run_policy(demand, cfg, name, progress=progress)
+        except BufferTooSmall as exc:  # e.g. solar2023's appended misses outgrow a tight buffer
+            out[name] = {"error": str(exc)}
+            continue
         rank = np.stack(r.rank_miss_bytes).sum(axis=0).astype(float)  # (P,) storage bytes per rank
         out[name] = {
             "steady_hit_rate": r.steady_hit_rate,
@@ -49,6 +53,9 @@ def format_table(rows: List[dict]) -> str:
                      f"{'local batch':>12} {'rank I/O max/mean':>17}  hit rate per epoch")
         ideal = row["results"].get("ideal", {}).get("steady_hit_rate")
         for name, r in row["results"].items():
+            if "error" in r:
+                lines.append(f"  {name:<10} error: {r['error']}")
+                continue
             st = r["storage_bytes_per_epoch"]
             steady = np.mean(st[1:]) if len(st) > 1 else st[0]
             rel = f"{r['steady_hit_rate'] / ideal:.3f}" if ideal else "-"
@@ -67,7 +74,8 @@ def plot(rows: List[dict], path: str, title: str = ""):
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     names = list(rows[0]["results"])
     for name in names:
-        ax.plot(fr, [row["results"][name]["steady_hit_rate"] for row in rows], marker="o", label=name)
+        ys = [row["results"][name].get("steady_hit_rate", float("nan")) for row in rows]
+        ax.plot(fr, ys, marker="o", label=name)
     ax.set_xlabel("aggregate buffer / dataset bytes")
     ax.set_ylabel("steady-state hit rate (epochs >= 2)")
     ax.set_xlim(0, max(1.0, max(fr)))
