@@ -202,7 +202,6 @@ def run_epoch(idx, bounds, acc_ptr, nu, step0, P, cap_lo, cap_hi, target, mode, 
         elif mode == BOUNDARY:
             # SOLAR-2023: a sample whose first block is held goes to its holder if it has a
             # free slot; all other samples are dealt round robin and appended (uneven sizes).
-            rest = 0
             for p in range(lo, hi):
                 o = owner[sample_blocks[sample_ptr[idx[p]]]]
                 if o >= 0 and cnt[o] < target[k]:
@@ -210,7 +209,6 @@ def run_epoch(idx, bounds, acc_ptr, nu, step0, P, cap_lo, cap_hi, target, mode, 
                     cnt[o] += 1
                 else:
                     rank_of[p] = -1
-                    rest += 1
             r = 0
             for p in range(lo, hi):
                 if rank_of[p] < 0:

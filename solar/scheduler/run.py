@@ -235,9 +235,12 @@ def run_policy(demand: Demand, cfg: PlanConfig, policy="solar", record: bool = F
         result.miss_bytes.append(int(miss_bytes.sum()))
         result.stored_bytes.append(int(stored.sum()))
         result.demand_bytes.append(demand_bytes)
-        per_rank_count = count if not pol.single_buffer else None
-        result.max_local_batch.append(int(count.max()) if per_rank_count is not None else int(cap_hi.max() // P))
-        result.min_local_batch.append(int(count.min()) if per_rank_count is not None else int(cap_lo.min() // P))
+        if pol.single_buffer:  # one buffer for all ranks: report the per-rank share
+            result.max_local_batch.append(int(share.max() // P))
+            result.min_local_batch.append(int(share.min() // P))
+        else:
+            result.max_local_batch.append(int(count.max()))
+            result.min_local_batch.append(int(count.min()))
         result.rank_miss_bytes.append(miss_bytes.sum(axis=0))
         if on_epoch is not None:
             on_epoch(EpochPlan(e, int(order[e]), step0, idx, bounds, rank_of, count, hits, hit_bytes, misses,
