@@ -7,6 +7,7 @@ __version__ = "0.1.0"
 
 from .errors import DecodeError, LayoutError, SolarError, SpecError  # noqa: E402
 from .layout import Layout, LayoutSpec, build_layout, load_layout  # noqa: E402
+from .schedule import Schedule, ScheduleError, plan  # noqa: E402
 
 __all__ = ["__version__", "SolarError", "SpecError", "LayoutError", "DecodeError", "Layout", "LayoutSpec",
-           "build_layout", "load_layout"]
+           "build_layout", "load_layout", "Schedule", "ScheduleError", "plan"]

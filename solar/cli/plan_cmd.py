@@ -1,0 +1,56 @@
+"""``solar plan``: precompute the schedule of a training job and write it to a file."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..scheduler.config import parse_bytes
+from ..scheduler.policies import POLICIES
+
+EPILOG = """\
+The schedule holds, for every step and rank, the samples to train on (the same global
+batches as DistributedSampler with this seed), the blocks to evict and to load, and the
+predicted hits.  Each rank of the training job reads only its own slice.
+
+examples:
+  solar plan data/ptychonn --world-size 2 --local-batch 32 --epochs 10 --buffer-fraction 0.5 -o plan.h5
+  solar plan data/well/solar-layout.json -P 64 -b 4 --epochs 100 --buffer-per-rank 2GiB --seed 7 -o well.h5
+  solar inspect plan.h5
+"""
+
+
+def add_parser(sub):
+    p = sub.add_parser("plan", help="precompute a job's schedule (assignment, loads, evictions)",
+                       description="Plan a distributed training job on a dataset layout and write the schedule.",
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("spec", metavar="SPEC", help="layout spec, folder holding solar-layout.json, or HDF5 file")
+    p.add_argument("-P", "--world-size", type=int, required=True, help="number of training ranks")
+    p.add_argument("-b", "--local-batch", type=int, required=True, help="samples per rank per step")
+    p.add_argument("--epochs", type=int, required=True)
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--buffer-per-rank", type=parse_bytes, help="decoded bytes each rank may buffer (2GiB, 5e8)")
+    g.add_argument("--buffer-fraction", type=float, help="aggregate buffer / dataset bytes")
+    p.add_argument("--seed", type=int, default=0, help="DistributedSampler seed (default 0)")
+    p.add_argument("--drop-last", action="store_true", help="as DistributedSampler(drop_last=True)")
+    p.add_argument("--epsilon", type=float, default=0.0,
+                   help="allowed per-rank batch imbalance (0: every rank gets exactly b samples)")
+    p.add_argument("--policy", default="solar", choices=[k for k, v in POLICIES.items() if not v.single_buffer],
+                   help="planning policy (default solar)")
+    p.add_argument("-o", "--output", default="plan.h5", help="schedule file to write (default plan.h5)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(run=run)
+    return p
+
+
+def run(args) -> int:
+    from ..schedule import plan
+    from ..schedule.summary import format_schedule
+    s = plan(args.spec, world_size=args.world_size, local_batch=args.local_batch, epochs=args.epochs,
+             buffer_per_rank=args.buffer_per_rank, buffer_fraction=args.buffer_fraction, seed=args.seed,
+             drop_last=args.drop_last, epsilon=args.epsilon, policy=args.policy, out=args.output,
+             progress=sys.stderr.isatty())
+    summary = s.summary()
+    s.close()
+    print(json.dumps(summary, indent=2) if args.json else format_schedule(summary))
+    return 0

@@ -1,0 +1,59 @@
+"""``solar.plan``: layout -> planner -> schedule file."""
+from __future__ import annotations
+
+from typing import Optional, Union
+
+from ..errors import SpecError
+from ..scheduler.config import PlanConfig, parse_bytes
+from ..scheduler.policies import get_policy
+from ..scheduler.run import Demand, run_policy
+from ..scheduler.sampler import steps_per_epoch
+from ..scheduler.simulate import dataset_bytes
+from .schedule import Schedule
+from .writer import ScheduleWriter
+
+
+def buffer_bytes(demand: Demand, world_size: int, buffer_per_rank=None, buffer_fraction=None) -> int:
+    """Per-rank budget from bytes ('2GiB') or a fraction of the dataset's decoded bytes."""
+    if (buffer_per_rank is None) == (buffer_fraction is None):
+        raise SpecError("give exactly one of buffer_per_rank and buffer_fraction")
+    if buffer_fraction is not None:
+        f = float(buffer_fraction)
+        if not f > 0:
+            raise SpecError(f"buffer_fraction must be > 0, got {buffer_fraction!r}")
+        return int(f * dataset_bytes(demand) / world_size)
+    return parse_bytes(buffer_per_rank)
+
+
+def plan(data: Union[str, "Demand", object], *, world_size: int, local_batch: int, epochs: int,
+         buffer_per_rank=None, buffer_fraction: Optional[float] = None, seed: int = 0, drop_last: bool = False,
+         epsilon: float = 0.0, policy: str = "solar", out: Optional[str] = None, progress: bool = False) -> Schedule:
+    """Plan a job and write its schedule to ``out`` (in memory if None); returns the open :class:`Schedule`.
+
+    ``data``: a layout spec path / folder / HDF5 file, a :class:`~solar.layout.Layout`
+    or a :class:`~solar.scheduler.Demand`.
+    """
+    source = ""
+    if isinstance(data, str):
+        from ..layout import load_layout
+        source = data
+        data = load_layout(data, progress=progress)
+    demand = data if isinstance(data, Demand) else Demand.from_layout(data)
+    pol = get_policy(policy)
+    if pol.single_buffer:
+        raise SpecError(f"policy {policy!r} is a bound with one shared buffer, not a per-rank plan; "
+                        f"plan with solar, nopfs, torch or solar2023")
+    cfg = PlanConfig(world_size, local_batch, epochs,
+                     buffer_bytes(demand, world_size, buffer_per_rank, buffer_fraction),
+                     seed=seed, drop_last=drop_last, epsilon=epsilon)
+    S = steps_per_epoch(demand.n_samples, world_size, local_batch, drop_last)
+    w = ScheduleWriter(out, demand, cfg, pol.name, S, source=source)
+    try:
+        res = run_policy(demand, cfg, pol, record=True, on_epoch=w.add_epoch, progress=progress)
+        h5 = w.close(res)
+    except BaseException:
+        w.abort()
+        raise
+    if out is None:
+        return Schedule(h5, "<memory>")
+    return Schedule.load(out)

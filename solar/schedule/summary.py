@@ -1,0 +1,27 @@
+"""Human summary of a schedule (``solar plan`` and ``solar inspect plan.h5``)."""
+from __future__ import annotations
+
+from ..layout.summary import human_bytes
+
+
+def format_schedule(s: dict) -> str:
+    c = s["config"]
+    size = f", {human_bytes(s['file_bytes'])}" if s.get("file_bytes") else ""
+    lines = [f"schedule {s['path']} (policy {s['policy']}, solar {s['solar_version']}{size})",
+             f"  planned for: {s['source'] or 'a layout'}  fingerprint {s['fingerprint'][:16]}  "
+             f"({s['n_samples']:,} samples, {s['n_blocks']:,} blocks)",
+             f"  job: world size {c['world_size']}, local batch {c['local_batch']}, {c['epochs']} epochs x "
+             f"{s['steps_per_epoch']} steps, buffer {human_bytes(c['buffer_bytes'])} per rank, seed {c['seed']}, "
+             f"drop_last {'yes' if c['drop_last'] else 'no'}, epsilon {c['epsilon']}",
+             "  epoch  sampler-epoch  hit rate  read from storage  local batch",
+             ]
+    for e, (src, hr, st, lo, hi) in enumerate(zip(s["source_epochs"], s["hit_rate"], s["storage_bytes"],
+                                                  s["min_local_batch"], s["max_local_batch"])):
+        lb = f"{lo}" if lo == hi else f"{lo}..{hi}"
+        lines.append(f"  {e:5d}  {src:13d}  {hr:8.3f}  {human_bytes(st):>17}  {lb}")
+    tot = sum(s["storage_bytes"])
+    per_rank = [sum(col) for col in zip(*s["rank_miss_bytes"])]
+    imb = max(per_rank) / (sum(per_rank) / len(per_rank)) if sum(per_rank) else 1.0
+    lines.append(f"  predicted: steady-state hit rate {s['steady_hit_rate']:.3f}, {human_bytes(tot)} read from "
+                 f"storage in all, busiest rank reads x{imb:.2f} the mean")
+    return "\n".join(lines)

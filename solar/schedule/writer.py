@@ -1,0 +1,155 @@
+"""Write a schedule file epoch by epoch (memory bounded by ``flush_bytes`` of pending rows)."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import uuid
+from typing import Dict, List, Optional
+
+import h5py
+import numpy as np
+
+from .. import __version__
+from ..scheduler.config import PlanConfig
+from ..scheduler.run import Demand, EpochPlan, PolicyResult
+from .format import FORMAT, RANK_LISTS, STATS, VERSION, array_digest, header_digest, id_dtype
+from .pack import csr_rank_major, samples_rank_major, split_rows
+
+
+def _put(group, name: str, arr: np.ndarray):
+    ds = group.create_dataset(name, data=arr, track_times=False)
+    ds.attrs["sha256"] = array_digest(arr)
+    return ds
+
+
+class ScheduleWriter:
+    """Streams :class:`EpochPlan` s of one policy run into a schedule file.
+
+    ``path=None`` keeps the file in memory (HDF5 core driver).  The file is written
+    under a temporary name and renamed when :meth:`close` completes it, so a crashed
+    run never leaves a file that looks complete.
+    """
+
+    def __init__(self, path: Optional[str], demand: Demand, cfg: PlanConfig, policy: str, steps_per_epoch: int,
+                 source: str = "", flush_bytes: int = 256 << 20):
+        self.path, self.cfg, self.S = path, cfg, steps_per_epoch
+        self.P, self.E = cfg.world_size, cfg.epochs
+        self.idt = id_dtype(demand.n_samples, demand.n_blocks)
+        self.flush_bytes = flush_bytes
+        if path is None:
+            self.tmp = None
+            self.f = h5py.File(f"solar-schedule-{uuid.uuid4().hex}.h5", "w", driver="core", backing_store=False)
+        else:
+            self.tmp = f"{path}.tmp-{os.getpid()}"
+            self.f = h5py.File(self.tmp, "w", locking=False)
+        a = self.f.attrs
+        a["format"], a["version"], a["solar_version"] = FORMAT, VERSION, __version__
+        a["policy"], a["config"] = policy, json.dumps(cfg.to_dict(), sort_keys=True)
+        a["fingerprint"], a["source"] = demand.fingerprint, source
+        a["n_samples"], a["n_blocks"] = demand.n_samples, demand.n_blocks
+        a["steps_per_epoch"], a["id_dtype"] = steps_per_epoch, self.idt.str
+        a["complete"] = 0
+        g = self.f.create_group("demand")
+        _put(g, "sample_ptr", np.asarray(demand.sample_ptr, dtype="<i8"))
+        _put(g, "sample_blocks", np.asarray(demand.sample_blocks, dtype=self.idt))
+        _put(g, "block_nbytes", np.asarray(demand.block_nbytes, dtype="<i8"))
+        _put(g, "block_stored", np.asarray(demand.block_stored, dtype="<i8"))
+        # per rank: appendable datasets, a running sha256 each, rows pending a flush
+        total = int(np.asarray(demand.sample_ptr).shape[0] - 1)
+        per_rank = max(1, -(-total // self.P) * self.E)
+        ids_chunk = int(min(1 << 18, max(1024, per_rank // 8)))
+        cnt_chunk = int(min(1 << 16, max(64, self.S * self.E)))
+        self.ds: List[Dict[str, h5py.Dataset]] = []
+        self.hash: List[Dict[str, "hashlib._Hash"]] = []
+        ranks = self.f.create_group("ranks")
+        for r in range(self.P):
+            rg = ranks.create_group(str(r))
+            d, h = {}, {}
+            for name in RANK_LISTS:
+                d[name] = rg.create_dataset(name, shape=(0,), maxshape=(None,), dtype=self.idt,
+                                            chunks=(ids_chunk,), track_times=False)
+                d[name + "_count"] = rg.create_dataset(name + "_count", shape=(0,), maxshape=(None,), dtype="<i4",
+                                                       chunks=(cnt_chunk,), track_times=False)
+            d["stats"] = rg.create_dataset("stats", shape=(0, len(STATS)), maxshape=(None, len(STATS)),
+                                           dtype="<i8", chunks=(cnt_chunk, len(STATS)), track_times=False)
+            for name in d:
+                h[name] = hashlib.sha256()
+            self.ds.append(d)
+            self.hash.append(h)
+        self.pending: List[Dict[str, List[np.ndarray]]] = [{k: [] for k in self.ds[0]} for _ in range(self.P)]
+        self.pending_bytes = 0
+        self.epochs_written = 0
+
+    # ---------------------------------------------------------------- epochs
+    def add_epoch(self, ep: EpochPlan):
+        """Append one epoch (its load/evict lists must have been recorded)."""
+        if ep.load is None:
+            raise ValueError("the epoch plan was not recorded (run_policy(record=True))")
+        P, S = self.P, self.S
+        if ep.bounds.shape[0] - 1 != S or ep.count.shape != (S, P):
+            raise ValueError(f"epoch plan has shape {ep.count.shape}, expected ({S}, {P})")
+        samples, scount = samples_rank_major(ep.indices, ep.bounds, ep.rank_of, P)  # int64[T], int64[P, S]
+        load, lcount = csr_rank_major(ep.load_ptr, ep.load, S, P)
+        evict, vcount = csr_rank_major(ep.evict_ptr, ep.evict, S, P)
+        stats = np.stack([ep.hits, ep.hit_bytes, ep.misses, ep.miss_bytes, ep.stored_bytes], axis=-1)  # (S, P, 5)
+        parts = {"samples": (samples, scount), "load": (load, lcount), "evict": (evict, vcount)}
+        for name, (arr, cnt) in parts.items():
+            starts = split_rows(cnt)  # int64[P+1]
+            for r in range(P):
+                self._queue(r, name, arr[starts[r]:starts[r + 1]].astype(self.idt))
+                self._queue(r, name + "_count", cnt[r].astype("<i4"))
+        for r in range(P):
+            self._queue(r, "stats", np.ascontiguousarray(stats[:, r, :], dtype="<i8"))  # (S, 5)
+        self.epochs_written += 1
+        if self.pending_bytes >= self.flush_bytes:
+            self.flush()
+
+    def _queue(self, r: int, name: str, arr: np.ndarray):
+        self.pending[r][name].append(arr)
+        self.pending_bytes += arr.nbytes
+
+    def flush(self):
+        for r in range(self.P):
+            for name, parts in self.pending[r].items():
+                if not parts:
+                    continue
+                arr = np.concatenate(parts)
+                ds = self.ds[r][name]
+                n = ds.shape[0]
+                ds.resize(n + arr.shape[0], axis=0)
+                ds[n:] = arr
+                self.hash[r][name].update(arr.tobytes())
+                parts.clear()
+        self.pending_bytes = 0
+
+    # ----------------------------------------------------------------- close
+    def close(self, result: PolicyResult):
+        """Write the per-epoch totals, checksums and the completion mark; returns the open file."""
+        if self.epochs_written != self.E:
+            raise ValueError(f"{self.epochs_written} epochs written, the job has {self.E}")
+        self.flush()
+        for r in range(self.P):
+            for name, ds in self.ds[r].items():
+                ds.attrs["sha256"] = self.hash[r][name].hexdigest()
+        g = self.f.create_group("epochs")
+        _put(g, "source_epoch", np.asarray(result.epoch_order, dtype="<i8"))
+        for name in ("hit_bytes", "miss_bytes", "stored_bytes", "demand_bytes", "max_local_batch",
+                     "min_local_batch"):
+            _put(g, name, np.asarray(getattr(result, name), dtype="<i8"))
+        _put(g, "rank_miss_bytes", np.asarray(result.rank_miss_bytes, dtype="<i8").reshape(self.E, self.P))
+        self.f.attrs["header_sha256"] = header_digest(self.f.attrs)
+        self.f.attrs["complete"] = 1
+        if self.tmp is None:
+            self.f.flush()
+            return self.f
+        self.f.close()
+        os.replace(self.tmp, self.path)
+        return None
+
+    def abort(self):
+        try:
+            self.f.close()
+        finally:
+            if self.tmp and os.path.exists(self.tmp):
+                os.unlink(self.tmp)
