@@ -1,0 +1,235 @@
+"""The per-rank buffer manager: executes a rank's plan (evict, load, verify hits) in a
+background thread, a configurable number of steps ahead of the training loop.
+
+It consumes the schedule (its rank slice and sample -> block map) and a reader;
+it never sees a dataset object.  What a step's blocks become (a torch batch, for
+instance) is up to the ``assemble`` callable, called in the prefetch thread while
+the step's blocks are resident::
+
+    assemble(step, samples, lookup) -> anything      # lookup(block id) -> uint8 view
+
+Memory: the slot pools (sized by replaying the plan: at most the budget when all
+blocks have one size) plus ``prefetch`` assembled batches waiting in the queue.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional
+
+import numpy as np
+
+from ..errors import SolarError
+from .pool import SlotPools
+from .sizing import size_classes, slots_needed
+
+
+class BufferError(SolarError):
+    pass
+
+
+@dataclass
+class StepStats:
+    """What one step cost (filled by the prefetch thread, ``stall_s`` by the consumer)."""
+
+    step: int
+    samples: int = 0
+    hits: int = 0                # blocks the plan said were resident, and were
+    misses: int = 0              # blocks loaded for this step
+    bytes_loaded: int = 0        # decoded bytes loaded
+    bytes_read: int = 0          # storage bytes read (coalescing gaps included)
+    n_reads: int = 0
+    read_s: float = 0.0
+    assemble_s: float = 0.0
+    stall_s: float = 0.0         # time the training loop waited for this step
+    plan_violations: int = 0     # blocks the plan called hits that were not resident (read anyway)
+
+
+@dataclass
+class BufferTotals:
+    steps: int = 0
+    samples: int = 0
+    hits: int = 0
+    misses: int = 0
+    bytes_loaded: int = 0
+    bytes_read: int = 0
+    n_reads: int = 0
+    read_s: float = 0.0
+    assemble_s: float = 0.0
+    stall_s: float = 0.0
+    plan_violations: int = 0
+    per_step: List[StepStats] = field(default_factory=list)
+
+    def add(self, s: StepStats, keep: bool):
+        self.steps += 1
+        for k in ("samples", "hits", "misses", "bytes_loaded", "bytes_read", "n_reads", "read_s", "assemble_s",
+                  "stall_s", "plan_violations"):
+            setattr(self, k, getattr(self, k) + getattr(s, k))
+        if keep:
+            self.per_step.append(s)
+
+
+class BufferManager:
+    """Executes rank ``rank_plan.rank``'s plan from global step ``start`` to ``stop``.
+
+    ``rank_plan``: a :class:`~solar.schedule.RankPlan`; ``demand``: the schedule's
+    ``demand()`` (sample_ptr, sample_blocks, block_nbytes); ``reader``: a
+    :class:`~solar.io.BlockReader`.  Call :meth:`get` for steps in order; each
+    result is handed out once.  Starting after step 0 first loads what the plan
+    holds resident at ``start`` (resume).
+    """
+
+    def __init__(self, rank_plan, demand: Dict[str, np.ndarray], reader, assemble: Callable[..., Any], *,
+                 budget: int, prefetch: int = 2, start: int = 0, stop: Optional[int] = None,
+                 keep_step_stats: bool = True, verify: bool = True):
+        if prefetch < 1:
+            raise BufferError(f"prefetch must be >= 1 step, got {prefetch}")
+        self.plan, self.reader, self.assemble = rank_plan, reader, assemble
+        self.sample_ptr = np.asarray(demand["sample_ptr"], dtype=np.int64)
+        self.sample_blocks = np.asarray(demand["sample_blocks"], dtype=np.int64)
+        self.block_nbytes = np.asarray(demand["block_nbytes"], dtype=np.int64)
+        self.prefetch, self.verify, self.keep = int(prefetch), verify, keep_step_stats
+        G = rank_plan.n_steps
+        self.start, self.stop = int(start), G if stop is None else int(stop)
+        if not 0 <= self.start <= self.stop <= G:
+            raise BufferError(f"steps [{start}, {stop}) outside the schedule's [0, {G})")
+        self.budget = int(budget)
+        self.class_of, class_bytes = size_classes(self.block_nbytes)
+        slots = slots_needed(self.class_of, class_bytes.shape[0], np.asarray(rank_plan.load, np.int64),
+                             rank_plan.load_ptr, np.asarray(rank_plan.evict, np.int64), rank_plan.evict_ptr)
+        self.pools = SlotPools(class_bytes, slots)
+        self.slot_of = np.full(self.block_nbytes.shape[0], -1, dtype=np.int64)
+        self.totals = BufferTotals()
+        self._ready: Dict[int, Any] = {}
+        self._stats: Dict[int, StepStats] = {}
+        self._next_get = self.start
+        self._cv = threading.Condition()
+        self._error: Optional[BaseException] = None
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name=f"solar-prefetch-r{rank_plan.rank}", daemon=True)
+        self._thread.start()
+
+    # --------------------------------------------------------------- consumer
+    def get(self, g: int):
+        """The assembled step ``g`` (waits for it; the wait is the step's stall time)."""
+        if g != self._next_get:
+            raise BufferError(f"steps must be taken in order: asked for {g}, next is {self._next_get}")
+        t0 = time.perf_counter()
+        with self._cv:
+            while g not in self._ready and self._error is None and not self._closed:
+                self._cv.wait(0.5)
+            if self._error is not None:
+                raise self._error
+            if self._closed:
+                raise BufferError("buffer manager is closed")
+            out = self._ready.pop(g)
+            st = self._stats.pop(g)
+            self._next_get = g + 1
+            self._cv.notify_all()
+        st.stall_s = time.perf_counter() - t0
+        self.totals.add(st, self.keep)
+        return out
+
+    def close(self):
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    @property
+    def resident_bytes(self) -> int:
+        return self.pools.in_use()
+
+    # --------------------------------------------------------------- prefetch
+    def _run(self):
+        try:
+            if self.start > 0:
+                self._warm_up()
+            for g in range(self.start, self.stop):
+                with self._cv:
+                    while g - self._next_get >= self.prefetch and not self._closed:
+                        self._cv.wait(0.5)
+                    if self._closed:
+                        return
+                out, st = self._do_step(g)
+                with self._cv:
+                    self._ready[g], self._stats[g] = out, st
+                    self._cv.notify_all()
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, raised there
+            with self._cv:
+                self._error = exc if isinstance(exc, SolarError) else BufferError(
+                    f"prefetch of rank {self.plan.rank} failed: {type(exc).__name__}: {exc}")
+                self._error.__cause__ = exc
+                self._cv.notify_all()
+
+    def _warm_up(self):
+        """Load what the plan holds resident when step ``start`` begins (a resume)."""
+        lp, ep = self.plan.load_ptr, self.plan.evict_ptr
+        res = np.zeros(self.block_nbytes.shape[0], dtype=np.int64)  # resident count per block
+        np.add.at(res, np.asarray(self.plan.load[:lp[self.start]], np.int64), 1)
+        np.add.at(res, np.asarray(self.plan.evict[:ep[self.start]], np.int64), -1)
+        blocks = np.flatnonzero(res > 0)
+        self._load(blocks)
+
+    def _load(self, blocks: np.ndarray):
+        views = []
+        for b in blocks.tolist():
+            c = int(self.class_of[b])
+            i = self.pools.alloc(c)
+            self.slot_of[b] = i
+            views.append(self.pools.view(c, i)[:self.block_nbytes[b]])
+        return self.reader.read_blocks(blocks, views)
+
+    def _do_step(self, g: int):
+        sp = self.plan.step(g)
+        st = StepStats(g, samples=int(sp.samples.shape[0]))
+        for b in np.asarray(sp.evict, np.int64).tolist():
+            i = int(self.slot_of[b])
+            if i < 0:
+                raise BufferError(f"step {g}: the plan evicts block {b}, which is not resident (damaged plan?)")
+            self.pools.free(int(self.class_of[b]), i)
+            self.slot_of[b] = -1
+        load = np.asarray(sp.load, dtype=np.int64)
+        if (self.slot_of[load] >= 0).any():
+            b = int(load[self.slot_of[load] >= 0][0])
+            raise BufferError(f"step {g}: the plan loads block {b}, which is already resident (damaged plan?)")
+        t0 = time.perf_counter()
+        rs = self._load(load)
+        st.read_s = time.perf_counter() - t0
+        st.misses, st.bytes_loaded = int(load.shape[0]), int(self.block_nbytes[load].sum())
+        st.bytes_read, st.n_reads = rs.bytes_read, rs.n_reads
+        samples = np.asarray(sp.samples, dtype=np.int64)
+        extra: Dict[int, np.ndarray] = {}
+        if self.verify:
+            need = np.unique(np.concatenate([self.sample_blocks[self.sample_ptr[s]:self.sample_ptr[s + 1]]
+                                             for s in samples.tolist()])) if samples.size else load
+            missing = need[self.slot_of[need] < 0]
+            st.hits = int(need.shape[0] - load.shape[0] - missing.shape[0])
+            if missing.size:  # the plan called these hits: count it, read them so nothing wrong is delivered
+                st.plan_violations = int(missing.shape[0])
+                bufs = [np.empty(int(self.block_nbytes[b]), np.uint8) for b in missing.tolist()]
+                self.reader.read_blocks(missing, bufs)
+                extra = dict(zip(missing.tolist(), bufs))
+        else:
+            st.hits = int(sp.hits)
+
+        def lookup(b: int) -> np.ndarray:
+            i = int(self.slot_of[b])
+            if i < 0:
+                if b in extra:
+                    return extra[b]
+                raise BufferError(f"step {g}: block {b} is not resident (plan violation)")
+            return self.pools.view(int(self.class_of[b]), i)[:self.block_nbytes[b]]
+
+        t0 = time.perf_counter()
+        out = self.assemble(g, samples, lookup)
+        st.assemble_s = time.perf_counter() - t0
+        return out, st

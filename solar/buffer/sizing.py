@@ -1,0 +1,44 @@
+"""How many slots of each block size a rank's buffer needs (pure: arrays in, arrays out).
+
+Blocks are grouped into size classes (blocks of one dataset share a size); each
+class gets a pool of equal slots, so allocation is O(1) and never fragments.  The
+pool sizes come from replaying the rank's plan: the most blocks of each class
+resident at once.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+MAX_EXACT_CLASSES = 32
+
+
+def size_classes(block_nbytes: np.ndarray):
+    """``block_nbytes`` int64[B] -> ``(class_of int32[B], class_bytes int64[C])``.
+
+    Exact sizes while there are at most 32 distinct ones; beyond that sizes are
+    rounded up to powers of two (at most 2x slack for the odd-sized blocks).
+    """
+    nb = np.asarray(block_nbytes, dtype=np.int64)
+    sizes = np.unique(nb)
+    if sizes.shape[0] > MAX_EXACT_CLASSES:
+        rounded = np.where(nb > 0, 1 << np.ceil(np.log2(np.maximum(nb, 1))).astype(np.int64), 0)
+        sizes, class_of = np.unique(rounded, return_inverse=True)
+        return class_of.astype(np.int32).reshape(-1), sizes
+    class_of = np.searchsorted(sizes, nb).astype(np.int32)
+    return class_of, sizes
+
+
+def slots_needed(class_of: np.ndarray, n_classes: int, load: np.ndarray, load_ptr: np.ndarray,
+                 evict: np.ndarray, evict_ptr: np.ndarray) -> np.ndarray:
+    """int64[C]: the most blocks of each class resident at once over the plan's G steps.
+
+    ``load``/``evict`` hold block ids with int64[G+1] pointers (one rank's plan).
+    """
+    G = load_ptr.shape[0] - 1
+    delta = np.zeros((G, n_classes), dtype=np.int64)  # (G, C) resident change per step
+    step_of_load = np.repeat(np.arange(G), np.diff(load_ptr))
+    step_of_evict = np.repeat(np.arange(G), np.diff(evict_ptr))
+    np.add.at(delta, (step_of_load, class_of[load]), 1)
+    np.add.at(delta, (step_of_evict, class_of[evict]), -1)
+    resident = np.cumsum(delta, axis=0)  # (G, C) resident count after each step
+    return resident.max(axis=0, initial=0) if G else np.zeros(n_classes, dtype=np.int64)

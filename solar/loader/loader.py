@@ -1,0 +1,172 @@
+"""``SolarLoader``: the PyTorch side.  Iterates a rank's local batches as the schedule says,
+through the buffer manager, with the readers doing the I/O.
+
+    loader = SolarLoader("plan.h5", "data/ptychonn", comm=MPI.COMM_WORLD)
+    for epoch in range(loader.epochs):
+        loader.set_epoch(epoch)
+        for batch in loader:              # {field: tensor (n, ...), "index": ids, "weight": float}
+            loss = (criterion(model(batch["diffraction"]), ...) * batch["weight"])
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from ..buffer import BufferManager
+from ..errors import SolarError, SpecError
+from ..schedule import Schedule
+from .assemble import BatchAssembler
+
+
+class SolarLoader:
+    """Local batches of one rank, epoch after epoch, as planned.
+
+    ``schedule``: path or :class:`Schedule`; ``data``: layout spec path or
+    :class:`~solar.layout.Layout` (default: the path the schedule was planned
+    from).  ``comm``: mpi4py communicator (its size must equal the schedule's
+    world size; its rank picks the slice) or None with ``rank=``.
+    ``reader``: a name from :data:`solar.io.READERS` (default: chosen per
+    layout and file system).  Each batch has ``weight`` = n_r * P / n_step: multiply
+    the rank's mean loss by it and DDP's gradient average is the exact mean over
+    the global batch even when ranks get unequal counts (epsilon > 0); it is 1.0
+    otherwise.
+    """
+
+    def __init__(self, schedule, data=None, *, comm=None, rank: Optional[int] = None, reader: Optional[str] = None,
+                 threads: int = 4, prefetch: int = 4, pin_memory: bool = False, as_torch: bool = True,
+                 verify: bool = True, reader_options: Optional[dict] = None):
+        from ..io import default_reader_name, get_reader
+        from ..layout import Layout, load_layout
+        self.schedule = schedule if isinstance(schedule, Schedule) else Schedule.load(schedule)
+        if data is None:
+            if not self.schedule.source:
+                raise SpecError("the schedule does not name its dataset: pass data=<layout spec path>")
+            data = self.schedule.source
+        self.layout = data if isinstance(data, Layout) else load_layout(data)
+        world = comm.Get_size() if comm is not None else self.schedule.world_size
+        self.rank = comm.Get_rank() if comm is not None else rank
+        if self.rank is None:
+            raise SpecError("give comm= (an MPI communicator) or rank=")
+        self.schedule.check(layout=self.layout, world_size=world)
+        self.comm = comm
+        self.reader_name = reader or default_reader_name(self.layout, comm)
+        self.reader = get_reader(self.reader_name, self.layout, comm=comm, threads=threads,
+                                 **(reader_options or {}))
+        self.rank_plan = self.schedule.rank(self.rank)
+        self.demand = self.schedule.demand()
+        self.assembler = BatchAssembler(self.layout, pin_memory=pin_memory)
+        self.prefetch, self.as_torch, self.verify = prefetch, as_torch, verify
+        self.S = self.schedule.steps_per_epoch
+        self.epochs = self.schedule.epochs
+        self.cursor = 0  # next global step
+        self.buffer: Optional[BufferManager] = None
+        self._step_total = None  # global batch size per step, read lazily (see _weight)
+
+    # ------------------------------------------------------------- epochs
+    def __len__(self) -> int:
+        return self.S
+
+    @property
+    def epoch(self) -> int:
+        return self.cursor // self.S
+
+    def set_epoch(self, e: int):
+        """Position the loader at the start of epoch position ``e`` (a no-op when already there)."""
+        if not 0 <= e < self.epochs:
+            raise SpecError(f"epoch {e} out of range: the schedule has {self.epochs} epochs")
+        self._seek(e * self.S)
+
+    def _seek(self, g: int):
+        if g == self.cursor and (self.buffer is None or self.buffer._next_get == g):
+            return
+        self._stop_buffer()
+        self.cursor = g
+
+    def _assemble(self, step, samples, lookup):
+        out = self.assembler(step, samples, lookup)
+        out["index"] = samples
+        return out
+
+    def _start_buffer(self):
+        self.buffer = BufferManager(self.rank_plan, self.demand, self.reader, self._assemble,
+                                    budget=self.schedule.buffer_bytes, prefetch=self.prefetch, start=self.cursor,
+                                    verify=self.verify)
+
+    def _stop_buffer(self):
+        if self.buffer is not None:
+            self.buffer.close()
+            self.buffer = None
+
+    def __iter__(self):
+        """The remaining steps of the current epoch."""
+        if self.cursor >= self.schedule.n_steps:
+            raise SolarError(f"the schedule's {self.epochs} epochs are used up; plan more epochs")
+        if self.buffer is None:
+            self._start_buffer()
+        end = (self.cursor // self.S + 1) * self.S
+        while self.cursor < end:
+            g = self.cursor
+            out = self.buffer.get(g)
+            self.cursor = g + 1
+            out["weight"] = self._weight(g, len(out["index"]))
+            yield self._to_torch(out) if self.as_torch else out
+
+    def _weight(self, g: int, n: int) -> float:
+        if self.schedule.config.epsilon == 0:
+            return 1.0
+        if self._step_total is None:
+            # global batch size of each step: the same on every rank (from the planned counts)
+            from ..scheduler.sampler import batch_bounds, sampler_sizes
+            _, total = sampler_sizes(self.schedule.n_samples, self.schedule.world_size,
+                                     self.schedule.config.drop_last)
+            self._step_total = np.diff(batch_bounds(total, self.schedule.world_size, self.schedule.local_batch))
+        return float(n * self.schedule.world_size / self._step_total[g % self.S])
+
+    @staticmethod
+    def _to_torch(out: dict) -> dict:
+        import torch
+        res = {}
+        for k, v in out.items():
+            if isinstance(v, np.ndarray):
+                res[k] = torch.from_numpy(v)
+            elif isinstance(v, list):
+                res[k] = [torch.from_numpy(x) for x in v]
+            else:
+                res[k] = v
+        return res
+
+    # --------------------------------------------------------------- state
+    def state_dict(self) -> dict:
+        """Planner identity + cursor: enough to resume exactly where training stopped."""
+        return {"fingerprint": self.schedule.fingerprint, "world_size": self.schedule.world_size,
+                "config": self.schedule.config.to_dict(), "policy": self.schedule.policy, "step": self.cursor}
+
+    def load_state_dict(self, state: dict):
+        mine = self.state_dict()
+        for k in ("fingerprint", "world_size", "config", "policy"):
+            if state.get(k) != mine[k]:
+                raise SpecError(f"state was saved with another schedule ({k}: {state.get(k)!r} != {mine[k]!r})")
+        g = int(state["step"])
+        if not 0 <= g <= self.schedule.n_steps:
+            raise SpecError(f"state step {g} outside the schedule's {self.schedule.n_steps} steps")
+        self._seek(g)
+
+    # --------------------------------------------------------------- stats
+    def stats(self) -> dict:
+        t = self.buffer.totals if self.buffer is not None else None
+        if t is None:
+            return {}
+        return {k: getattr(t, k) for k in ("steps", "samples", "hits", "misses", "bytes_loaded", "bytes_read",
+                                            "n_reads", "read_s", "assemble_s", "stall_s", "plan_violations")}
+
+    def close(self):
+        self._stop_buffer()
+        self.reader.close()
+        self.schedule.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
