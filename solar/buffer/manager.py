@@ -82,7 +82,7 @@ class BufferManager:
 
     def __init__(self, rank_plan, demand: Dict[str, np.ndarray], reader, assemble: Callable[..., Any], *,
                  budget: int, prefetch: int = 2, start: int = 0, stop: Optional[int] = None,
-                 keep_step_stats: bool = True, verify: bool = True):
+                 keep_step_stats: bool = True, verify: bool = True, fence: Optional[int] = None):
         if prefetch < 1:
             raise BufferError(f"prefetch must be >= 1 step, got {prefetch}")
         self.plan, self.reader, self.assemble = rank_plan, reader, assemble
@@ -104,6 +104,10 @@ class BufferManager:
         self._ready: Dict[int, Any] = {}
         self._stats: Dict[int, StepStats] = {}
         self._next_get = self.start
+        # with ``fence`` = S the prefetch thread does not start a step g with g % S == 0 (an epoch's
+        # first) before release(g): benchmarks use it so no epoch is read ahead before its timer starts
+        self.fence = fence
+        self._released = self.start
         self._cv = threading.Condition()
         self._error: Optional[BaseException] = None
         self._closed = False
@@ -131,6 +135,15 @@ class BufferManager:
         self.totals.add(st, self.keep)
         return out
 
+    def release(self, g: int):
+        """Let the prefetch thread go past the fence at step ``g``."""
+        with self._cv:
+            self._released = max(self._released, g)
+            self._cv.notify_all()
+
+    def _fenced(self, g: int) -> bool:
+        return bool(self.fence) and g % self.fence == 0 and g > self._released
+
     def close(self):
         with self._cv:
             self._closed = True
@@ -155,7 +168,7 @@ class BufferManager:
                 self._warm_up()
             for g in range(self.start, self.stop):
                 with self._cv:
-                    while g - self._next_get >= self.prefetch and not self._closed:
+                    while (g - self._next_get >= self.prefetch or self._fenced(g)) and not self._closed:
                         self._cv.wait(0.5)
                     if self._closed:
                         return

@@ -5,9 +5,9 @@ import argparse
 import sys
 
 from ..errors import SolarError
-from . import gen_cmd, inspect_cmd, plan_cmd, simulate_cmd
+from . import bench_cmd, gen_cmd, inspect_cmd, plan_cmd, simulate_cmd
 
-COMMANDS = (gen_cmd, inspect_cmd, simulate_cmd, plan_cmd)
+COMMANDS = (gen_cmd, inspect_cmd, simulate_cmd, plan_cmd, bench_cmd)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -30,12 +30,13 @@ class SolarLoader:
     layout and file system).  Each batch has ``weight`` = n_r * P / n_step: multiply
     the rank's mean loss by it and DDP's gradient average is the exact mean over
     the global batch even when ranks get unequal counts (epsilon > 0); it is 1.0
-    otherwise.
+    otherwise.  ``epoch_fence``: do not prefetch an epoch before iteration over it
+    begins (benchmarks: no read-ahead across a page-cache drop).
     """
 
     def __init__(self, schedule, data=None, *, comm=None, rank: Optional[int] = None, reader: Optional[str] = None,
                  threads: int = 4, prefetch: int = 4, pin_memory: bool = False, as_torch: bool = True,
-                 verify: bool = True, reader_options: Optional[dict] = None):
+                 verify: bool = True, reader_options: Optional[dict] = None, epoch_fence: bool = False):
         from ..io import default_reader_name, get_reader
         from ..layout import Layout, load_layout
         self.schedule = schedule if isinstance(schedule, Schedule) else Schedule.load(schedule)
@@ -56,7 +57,7 @@ class SolarLoader:
         self.rank_plan = self.schedule.rank(self.rank)
         self.demand = self.schedule.demand()
         self.assembler = BatchAssembler(self.layout, pin_memory=pin_memory)
-        self.prefetch, self.as_torch, self.verify = prefetch, as_torch, verify
+        self.prefetch, self.as_torch, self.verify, self.epoch_fence = prefetch, as_torch, verify, epoch_fence
         self.S = self.schedule.steps_per_epoch
         self.epochs = self.schedule.epochs
         self.cursor = 0  # next global step
@@ -91,7 +92,7 @@ class SolarLoader:
     def _start_buffer(self):
         self.buffer = BufferManager(self.rank_plan, self.demand, self.reader, self._assemble,
                                     budget=self.schedule.buffer_bytes, prefetch=self.prefetch, start=self.cursor,
-                                    verify=self.verify)
+                                    verify=self.verify, fence=self.S if self.epoch_fence else None)
 
     def _stop_buffer(self):
         if self.buffer is not None:
@@ -105,6 +106,7 @@ class SolarLoader:
         if self.buffer is None:
             self._start_buffer()
         end = (self.cursor // self.S + 1) * self.S
+        self.buffer.release(self.cursor)
         while self.cursor < end:
             g = self.cursor
             out = self.buffer.get(g)
