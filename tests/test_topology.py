@@ -1,0 +1,26 @@
+import pytest
+
+from solar.errors import SpecError
+from solar.topology import Topology, detect
+
+
+def test_detect_from_environment():
+    env = {"SLURM_NTASKS": "8", "SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NTASKS_PER_NODE": "4(x2)",
+           "SLURM_NNODES": "2"}
+    assert detect(env=env) == Topology(8, 5, 1, 4, 2)
+    assert detect(env={"PMI_SIZE": "2", "PMI_RANK": "1"}) == Topology(2, 1, 0, 1, 1)
+    assert detect(env={}) == Topology(1, 0)
+    assert Topology(4, 1, 1, 2).device(True, 2) == "cuda:1" and Topology(4, 1).device(False) == "cpu"
+
+
+def test_bad_topology_names_value():
+    with pytest.raises(SpecError, match="rank must be in \\[0, 2\\), got 2"):
+        Topology(2, 2)
+    with pytest.raises(SpecError, match="SLURM_PROCID='x' is not an integer"):
+        detect(env={"SLURM_NTASKS": "2", "SLURM_PROCID": "x"})
+
+
+@pytest.mark.mpi
+def test_detect_from_comm(comm):
+    t = detect(comm)
+    assert t.world_size == comm.size and t.rank == comm.rank and t.nodes == 1 and t.local_size == comm.size
