@@ -1,0 +1,234 @@
+"""The ``mpiio`` reader: MPI-IO reads of coalesced ranges, decoding in a thread pool.
+
+Every file of the layout is opened once, collectively, at construction
+(``MPI.File.Open(comm, path, MODE_RDONLY)``), so constructing and closing the
+reader are collective over ``comm`` (``None`` means ``MPI.COMM_SELF``).
+
+``collective=True`` (default): :meth:`read_blocks` is collective.  Each call
+first agrees, with one ``Allreduce(MAX)`` over an int32[n_files] array, on how
+many read rounds each file needs; then every rank walks those files in order
+and, per round, sets a file view of its ranges (an hindexed byte type) and calls
+``Read_all`` into one packed buffer, with an empty view when it has nothing
+there.  A read error is held until the rounds are over and is raised on every
+rank (one more small ``Allreduce``), so a failure never leaves ranks waiting.
+
+``collective=False``: one independent ``Read_at`` per coalesced range, no
+collective calls per step.
+
+Reads run in the calling thread (MPI calls); copying and decoding into the
+caller's arrays run in ``threads`` worker threads, overlapping the next read.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
+from typing import ClassVar
+
+import numpy as np
+
+from ..errors import DecodeError, SpecError
+from .block_plan import (
+    deliver,
+    direct_mask,
+    fill_unwritten,
+    plan_reads,
+    short_read_error,
+)
+from .coalesce import CoalescePolicy
+from .reader import BlockReader, ReadStats, register
+
+_INT_MAX = 2**31 - 1
+
+
+@register
+class MpiioReader(BlockReader):
+    """MPI-IO; options ``collective``, ``coalesce``, ``max_gap``, ``max_read``, ``max_call_bytes``."""
+
+    name = "mpiio"
+    threaded = True
+    collective = True  # the default; an instance built with collective=False overrides it
+    needs_raw = True
+    OPTIONS: ClassVar[dict] = {"collective": True, "coalesce": True, "max_gap": CoalescePolicy.max_gap,
+                               "max_read": CoalescePolicy.max_read, "max_call_bytes": 1 << 30}
+
+    @classmethod
+    def available(cls):
+        try:
+            from mpi4py import MPI  # noqa: F401
+        except ImportError as exc:
+            return False, f"mpi4py cannot be imported ({exc})"
+        return True, ""
+
+    def __init__(self, layout, *, comm=None, threads: int = 4, **options):
+        super().__init__(layout, comm=comm, threads=threads, **options)
+        from mpi4py import MPI
+        self._MPI = MPI
+        o = self.options
+        if not isinstance(o["collective"], bool):
+            raise SpecError(f"collective must be True or False, got {o['collective']!r}")
+        mcb = o["max_call_bytes"]
+        if isinstance(mcb, bool) or not isinstance(mcb, int) or not 1 <= mcb <= _INT_MAX:
+            raise SpecError(f"max_call_bytes must be an integer in [1, {_INT_MAX}], got {mcb!r}")
+        self.collective = o["collective"]
+        self.policy = CoalescePolicy(o["max_gap"], o["max_read"], o["coalesce"])
+        self.max_call_bytes = mcb
+        self.comm = comm if comm is not None else MPI.COMM_SELF
+        self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="solar-mpiio")
+        self._fh = []
+        try:
+            for p in layout.files:
+                self._fh.append(MPI.File.Open(self.comm, p, MPI.MODE_RDONLY))
+        except MPI.Exception as exc:
+            self._close_files()
+            raise DecodeError(f"MPI-IO cannot open {p}: {exc.Get_error_string()}") from None
+        # ROMIO's Read_all through a file view reports the full count even past the end of
+        # the file, so ranges are checked against the sizes the files had when opened.
+        self._sizes = [fh.Get_size() for fh in self._fh]
+
+    def _close_files(self):
+        for fh in self._fh:
+            fh.Close()
+        self._fh = []
+
+    def close(self) -> None:
+        """Collective over ``comm``: closes every file."""
+        if not self._closed:
+            self._pool.shutdown(wait=True)
+            self._close_files()
+        super().close()
+
+    # ----------------------------------------------------------------- read
+    def _read(self, blocks: np.ndarray, out: Sequence[np.ndarray]) -> ReadStats:
+        lay = self.layout
+        unwritten, plans = plan_reads(lay, blocks, self.policy)
+        for i in unwritten.tolist():
+            fill_unwritten(lay, int(blocks[i]), out[i])
+        stats = ReadStats(bytes_read=sum(fp.ranges.nbytes for fp in plans))
+        futs: list = []
+        err = None
+        try:
+            if self.collective:
+                stats.n_reads, err = self._read_collective(blocks, out, plans, futs)
+            else:
+                stats.n_reads = self._read_independent(blocks, out, plans, futs)
+        finally:
+            wait(futs)  # no worker writes into `out` after we return or raise
+        if err is None:
+            err = next((f.exception() for f in futs if f.exception() is not None), None)
+        if self.collective:
+            self._raise_on_all_ranks(err)
+        elif err is not None:
+            raise err
+        return stats
+
+    def _raise_on_all_ranks(self, err):
+        MPI = self._MPI
+        if self.comm.allreduce(0 if err is None else 1, op=MPI.MAX) == 0:
+            return
+        msgs = self.comm.allgather(None if err is None else f"rank {self.comm.Get_rank()}: {err}")
+        if err is not None:
+            raise err
+        raise DecodeError(f"another rank failed in a collective read: {next(m for m in msgs if m)}")
+
+    def _deliver_range(self, buf: np.ndarray, blocks, rel, outs):
+        """Copy/decode the blocks of one range from ``buf`` (the range's bytes) into ``outs``."""
+        stored = self.layout.block_stored[blocks]
+        for k in range(len(blocks)):
+            a = int(rel[k])
+            deliver(self.layout, int(blocks[k]), buf[a:a + int(stored[k])], outs[k])
+
+    def _range_parts(self, fp, blocks, out):
+        """Per range of a FilePlan: ``(start, length, blocks, rel offsets, out arrays)``, and the error
+        for the first range that runs past the end of the file (such ranges are left out)."""
+        rng = fp.ranges
+        size = self._sizes[fp.file]
+        parts, err = [], None
+        for r, mem in enumerate(fp.members()):
+            p = fp.pos[mem]
+            start, length, rel = int(rng.starts[r]), int(rng.lengths[r]), rng.offset_in_range[mem]
+            if start + length > size:
+                err = err or short_read_error(self.layout, blocks[p], start + rel, size)
+                continue
+            parts.append((start, length, blocks[p], rel, [out[i] for i in p.tolist()]))
+        return parts, err
+
+    def _read_independent(self, blocks, out, plans, futs) -> int:
+        MPI = self._MPI
+        n = 0
+        for fp in plans:
+            fh = self._fh[fp.file]
+            parts, err = self._range_parts(fp, blocks, out)
+            if err is not None:
+                raise err
+            for start, length, bl, rel, outs in parts:
+                # a lone block stored as its decoded bytes goes straight into the caller's array
+                alone = len(bl) == 1 and bool(direct_mask(self.layout, bl)[0])
+                buf = outs[0] if alone else np.empty(length, dtype=np.uint8)
+                st = MPI.Status()
+                fh.Read_at(start, [buf, MPI.BYTE], st)
+                n += 1
+                got = st.Get_count(MPI.BYTE)
+                if got < length:
+                    raise short_read_error(self.layout, bl, start + rel, start + got)
+                if not alone:
+                    futs.append(self._pool.submit(self._deliver_range, buf, bl, rel, outs))
+        return n
+
+    def _rounds(self, parts) -> list[list]:
+        """Group a file's ranges into reads of at most ``max_call_bytes`` (a bigger range alone)."""
+        rounds, cur, size = [], [], 0
+        for part in parts:
+            if cur and size + part[1] > self.max_call_bytes:
+                rounds.append(cur)
+                cur, size = [], 0
+            cur.append(part)
+            size += part[1]
+        if cur:
+            rounds.append(cur)
+        return rounds
+
+    def _read_collective(self, blocks, out, plans, futs):
+        MPI = self._MPI
+        lay = self.layout
+        mine, err = {}, None
+        for fp in plans:
+            parts, e = self._range_parts(fp, blocks, out)
+            err = err or e
+            mine[fp.file] = self._rounds(parts)
+        need = np.zeros(len(lay.files), dtype=np.int32)
+        for f, rounds in mine.items():
+            need[f] = len(rounds)
+        agreed = np.empty_like(need)
+        self.comm.Allreduce(need, agreed, op=MPI.MAX)
+        n = 0
+        for f in np.flatnonzero(agreed).tolist():
+            fh, path = self._fh[f], lay.files[f]
+            rounds = mine.get(f, [])
+            for k in range(int(agreed[f])):
+                parts = rounds[k] if k < len(rounds) else []
+                total = sum(p[1] for p in parts)
+                if total > _INT_MAX:  # a single chunk over 2 GiB: keep the ranks in step, fail after
+                    err = err or DecodeError(f"a range of {total} bytes in {path} is too big for one MPI read")
+                    parts, total = [], 0
+                buf = np.empty(total, dtype=np.uint8)
+                ftype = None
+                if parts:
+                    ftype = MPI.BYTE.Create_hindexed([p[1] for p in parts], [p[0] for p in parts]).Commit()
+                fh.Set_view(0, MPI.BYTE, ftype if ftype is not None else MPI.BYTE)
+                st = MPI.Status()
+                fh.Read_all([buf, MPI.BYTE], st)
+                if ftype is not None:
+                    ftype.Free()
+                if not parts:
+                    continue
+                n += len(parts)
+                got = st.Get_count(MPI.BYTE)
+                pos = 0
+                for start, length, bl, rel, outs in parts:
+                    if got < pos + length:
+                        if err is None:
+                            err = short_read_error(lay, bl, start + rel, start + max(0, got - pos))
+                        break
+                    futs.append(self._pool.submit(self._deliver_range, buf[pos:pos + length], bl, rel, outs))
+                    pos += length
+        return n, err

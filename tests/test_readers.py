@@ -1,0 +1,397 @@
+"""One suite for every block reader: samples assembled from its blocks equal h5py's.
+
+Written once, run serially and under ``mpiexec -n 2 python -m pytest -m mpi``:
+tests marked ``mpi`` give each rank its own random block subsets and call
+sequences (same number of calls everywhere, some with zero blocks), which is
+what the collective MPI-IO reader must survive.
+"""
+import os
+import shutil
+import signal
+import tempfile
+
+import h5py
+import numpy as np
+import pytest
+from conftest import on_root
+from helpers import SMALL, STORAGES, assert_same_sample, h5py_sample, make_dataset
+
+from solar.errors import DecodeError, SolarError, SpecError
+from solar.io import (
+    READERS,
+    ReadStats,
+    assemble_sample,
+    coalesce,
+    decode_block,
+    default_reader_name,
+    get_reader,
+    pread_exact,
+)
+from solar.layout import LayoutSpec, build_layout, load_layout
+
+# every registered reader with its defaults, plus variants that change how ranges are read
+BACKENDS = [(name, {}) for name in sorted(READERS)] + [
+    ("pread", {"threads": 1, "coalesce": False}),
+    ("pread", {"threads": 2, "max_gap": 0, "max_read": 3000}),  # cuts runs of blocks into several reads
+    ("mpiio", {"collective": False, "threads": 1}),
+]
+
+
+def _id(b):
+    name, opts = b
+    return name + "".join(f"-{k}={v}" for k, v in opts.items())
+
+
+@pytest.fixture(params=BACKENDS, ids=[_id(b) for b in BACKENDS])
+def backend(request):
+    name, opts = request.param
+    ok, why = READERS[name].available()
+    if not ok:
+        pytest.skip(f"{name}: {why}")
+    return name, opts
+
+
+@pytest.fixture(scope="module")
+def data_root(comm):
+    """A folder every rank sees, for the whole module (datasets are shared by all backends)."""
+    path = tempfile.mkdtemp(prefix="solar-readers-") if comm.rank == 0 else None
+    path = comm.bcast(path, root=0)
+    yield path
+    comm.Barrier()
+    if comm.rank == 0:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def dataset(comm, data_root):
+    """``dataset(preset, storage) -> (layout, reference cache)``, generated once per module."""
+    cache = {}
+
+    def get(preset, storage):
+        if (preset, storage) not in cache:
+            out = on_root(comm, lambda: make_dataset(data_root, preset, storage))
+            cache[preset, storage] = (load_layout(out), {})
+        return cache[preset, storage]
+    return get
+
+
+# ----------------------------------------------------------------- helpers
+def _read(reader, layout, blocks):
+    """Read ``blocks`` into fresh arrays; returns ``({block: uint8 array}, ReadStats)``."""
+    blocks = np.asarray(blocks, dtype=np.int64)
+    outs = [np.full(int(layout.block_nbytes[b]), 0xAB, dtype=np.uint8) for b in blocks]
+    stats = reader.read_blocks(blocks, outs)
+    assert stats.blocks == len(blocks)
+    return dict(zip(blocks.tolist(), outs)), stats
+
+
+def _block_view(layout, got, b):
+    d = int(layout.block_dataset[b])
+    return got[b].view(np.dtype(layout.datasets[d].dtype)).reshape(layout.block_shapes[d])
+
+
+def _inside(layout, b):
+    """Index of the part of block ``b`` inside its dataset's extent."""
+    d, origin = layout.block_grid_coords(b)
+    return tuple(slice(0, min(s, n - o)) for o, s, n in zip(origin, layout.block_shapes[d], layout.datasets[d].shape))
+
+
+def _reference_block(layout, b):
+    if layout.block_offset[b] < 0:
+        return decode_block(layout, b, b"")
+    fd = os.open(layout.files[layout.datasets[layout.block_dataset[b]].file], os.O_RDONLY)
+    try:
+        return decode_block(layout, b, pread_exact(fd, int(layout.block_stored[b]), int(layout.block_offset[b])))
+    finally:
+        os.close(fd)
+
+
+def _check(layout, refs, got, raw_reader: bool):
+    """Blocks equal decode_block (whole block for raw readers, inside the extent plus zeros outside for
+    h5py), and every sample assembled from them equals h5py's."""
+    for b in got:
+        blk = _block_view(layout, got, b)
+        key = ("block", b)
+        if key not in refs:
+            refs[key] = _reference_block(layout, b) if all(i.raw for i in layout.datasets) else None
+        ref = refs[key]
+        inside = _inside(layout, b)
+        if ref is not None and raw_reader:
+            np.testing.assert_array_equal(blk.view(np.uint8), ref.view(np.uint8), err_msg=f"block {b}")
+        elif ref is not None:
+            np.testing.assert_array_equal(blk[inside], ref[inside], err_msg=f"block {b}")
+        if not raw_reader:
+            rest = np.ones(blk.shape, dtype=bool)
+            rest[inside] = False
+            assert not blk[rest].view(np.uint8).any(), f"block {b}: bytes outside the extent are not zero"
+    for s in range(layout.n_samples):
+        if not all(int(b) in got for b in layout.blocks_of(s)):
+            continue
+        if s not in refs:
+            refs[s] = h5py_sample(layout, s)
+        assert_same_sample(assemble_sample(layout, s, lambda b: _block_view(layout, got, b)), refs[s])
+
+
+def _rank_calls(comm, n_blocks, seed):
+    """This rank's call sequence: all blocks in a random order over three calls, an empty call,
+    and a random distinct subset (even ranks) or nothing (odd ranks).  Five calls on every rank."""
+    rng = np.random.default_rng([seed, comm.rank])
+    perm = rng.permutation(n_blocks)
+    cuts = np.sort(rng.integers(0, n_blocks + 1, size=2))
+    a, b, c = np.split(perm, cuts)
+    subset = rng.choice(n_blocks, size=rng.integers(1, n_blocks + 1), replace=False)
+    return [a, np.zeros(0, np.int64), b, c, subset if comm.rank % 2 == 0 else np.zeros(0, np.int64)]
+
+
+# ----------------------------------------------------------------- suite
+@pytest.mark.mpi
+@pytest.mark.parametrize("storage", STORAGES)
+@pytest.mark.parametrize("preset", sorted(SMALL))
+def test_samples_equal_h5py(comm, dataset, backend, preset, storage):
+    name, opts = backend
+    layout, refs = dataset(preset, storage)
+    calls = _rank_calls(comm, layout.n_blocks, seed=len(preset) * 7 + STORAGES.index(storage))
+    got, total = {}, ReadStats()
+    with get_reader(name, layout, comm=comm, **opts) as reader:
+        for blocks in calls:
+            part, stats = _read(reader, layout, blocks)
+            _check(layout, refs, part, READERS[name].needs_raw)  # each call on its own, fresh arrays
+            got.update(part)
+            total += stats
+    assert len(got) == layout.n_blocks
+    _check(layout, refs, got, READERS[name].needs_raw)
+    assert total.blocks == sum(len(c) for c in calls)
+    assert total.bytes_read >= int(layout.block_stored[layout.block_offset >= 0].sum())
+
+
+@pytest.mark.mpi
+def test_unwritten_chunks_read_as_fill_value(comm, shared_tmp, backend):
+    name, opts = backend
+
+    def make():
+        with h5py.File(os.path.join(shared_tmp, "u.h5"), "w") as f:
+            d = f.create_dataset("X", shape=(9, 3), dtype="i2", chunks=(2, 3), fillvalue=-7)
+            d[0:2] = 1
+            d[6:9] = 2  # rows 2..5 (chunks 1 and 2) never written; chunk 4 sticks out of the extent
+    on_root(comm, make)
+    layout = build_layout(LayoutSpec("rows", ("u.h5",), ("X",), root=shared_tmp))
+    assert (layout.block_offset < 0).sum() == 2
+    refs = {}
+    with get_reader(name, layout, comm=comm, **opts) as reader:
+        for blocks in _rank_calls(comm, layout.n_blocks, seed=5):
+            got, _ = _read(reader, layout, blocks)
+            for b in blocks.tolist():
+                if layout.block_offset[b] < 0:
+                    assert (_block_view(layout, got, b) == -7).all()
+            _check(layout, refs, got, READERS[name].needs_raw)
+
+
+def _expect_failure(comm, reader, layout, bad, clean, path, dataset_name):
+    """Rank 0 reads ``bad`` blocks (plus clean ones), other ranks only ``clean``; the error names the file
+    and dataset on rank 0, and on every rank when the reader is collective."""
+    mine = np.concatenate([bad, clean]) if comm.rank == 0 else clean
+    try:
+        _read(reader, layout, mine)
+    except SolarError as exc:
+        msg = str(exc)
+        assert path in msg and dataset_name in msg, msg
+        assert comm.rank == 0 or reader.collective or READERS[reader.name] is READERS["h5py"], msg
+        return
+    assert comm.rank != 0, "reading a bad block did not fail"
+    assert not reader.collective, "a collective reader must fail on every rank"
+
+
+@pytest.mark.mpi
+def test_corrupt_gzip_chunk_is_named(comm, shared_tmp, backend):
+    name, opts = backend
+    out = on_root(comm, lambda: make_dataset(shared_tmp, "ptychonn", "gzip"))
+    layout = load_layout(out)
+    b = int(layout.dataset_block_start[1]) + 1  # Y_I_train, second chunk
+    off, n = int(layout.block_offset[b]), int(layout.block_stored[b])
+
+    def corrupt():
+        with open(layout.files[0], "r+b") as fh:
+            fh.seek(off + n // 3)
+            raw = bytearray(fh.read(16))
+            fh.seek(off + n // 3)
+            fh.write(bytes(x ^ 0xFF for x in raw))
+    comm.Barrier()  # every rank has its layout before the file changes
+    on_root(comm, corrupt)
+    clean = np.array([0, int(layout.dataset_block_start[2])], dtype=np.int64)
+    with get_reader(name, layout, comm=comm, **opts) as reader:
+        _expect_failure(comm, reader, layout, np.array([b]), clean, layout.files[0], "Y_I_train")
+    if comm.rank == 0 and READERS[name].needs_raw:
+        with get_reader(name, layout) as reader, pytest.raises(DecodeError, match=r"chunk at \(3, 0, 0, 0\)"):
+            _read(reader, layout, [b])
+
+
+@pytest.mark.mpi
+def test_truncated_file_is_named(comm, shared_tmp, backend):
+    name, opts = backend
+    out = on_root(comm, lambda: make_dataset(shared_tmp, "ptychonn", "contiguous"))
+    layout = load_layout(out)
+    last = layout.n_blocks - 1
+    cut = int(layout.block_offset[last] + layout.block_stored[last] // 2)
+    comm.Barrier()  # every rank has its layout before the file changes
+    on_root(comm, lambda: os.truncate(layout.files[0], cut))
+    with get_reader(name, layout, comm=comm, **opts) as reader:
+        _expect_failure(comm, reader, layout, np.array([last]), np.array([0, 1]), layout.files[0],
+                        "Y_phi_train" if READERS[name].needs_raw else "")
+    if comm.rank == 0 and READERS[name].needs_raw:
+        with get_reader(name, layout) as reader, pytest.raises(DecodeError, match=f"ends at byte {cut}"):
+            _read(reader, layout, [last - 1, last])
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("name", ["pread", "mpiio"])
+def test_coalescing_reduces_reads(comm, dataset, name):
+    layout, refs = dataset("ptychonn", "contiguous")
+    blocks = np.random.default_rng(comm.rank).permutation(layout.n_blocks)
+    with get_reader(name, layout, comm=comm) as on, get_reader(name, layout, comm=comm, coalesce=False) as off:
+        got_on, s_on = _read(on, layout, blocks)
+        got_off, s_off = _read(off, layout, blocks)
+    assert s_off.n_reads == layout.n_blocks
+    expected = coalesce(layout.block_offset, layout.block_stored, on.policy.max_gap, on.policy.max_read)
+    assert s_on.n_reads == expected.n_ranges <= len(layout.datasets)  # at most one read per dataset
+    assert s_off.bytes_read == int(layout.block_stored.sum())
+    assert s_on.bytes_read == expected.nbytes >= s_off.bytes_read  # gaps between datasets are read too
+    _check(layout, refs, got_on, True)
+    _check(layout, refs, got_off, True)
+
+
+def test_duplicate_blocks_are_read_once(dataset, backend):
+    name, opts = backend
+    layout, _ = dataset("pdebench", "gzip")
+    blocks = np.array([3, 1, 3, 0, 1, 3])
+    with get_reader(name, layout, **opts) as reader:
+        got, stats = _read(reader, layout, np.unique(blocks))
+        outs = [np.zeros(int(layout.block_nbytes[b]), np.uint8) for b in blocks]
+        dstats = reader.read_blocks(blocks, outs)
+    assert dstats.blocks == 6 and dstats.n_reads == stats.n_reads and dstats.bytes_read == stats.bytes_read
+    for b, o in zip(blocks.tolist(), outs):
+        np.testing.assert_array_equal(o, got[b])
+
+
+@pytest.mark.parametrize("name,opts", [("pread", {"coalesce": False}), ("h5py", {})])
+def test_reader_built_before_a_fork_works_in_the_child(dataset, name, opts):
+    """As in DataLoader workers: the child gets its own descriptors, handles and threads."""
+    layout, refs = dataset("pdebench", "lzf")
+    blocks = np.arange(layout.n_blocks)
+    with get_reader(name, layout, threads=2, **opts) as reader:
+        parent, _ = _read(reader, layout, blocks)  # files and thread pool now exist in the parent
+        pid = os.fork()
+        if pid == 0:  # child: report through the exit status only
+            code = 1
+            try:
+                signal.alarm(20)  # a pool that never runs must not hang the test
+                child, _ = _read(reader, layout, blocks)
+                code = 0 if all(np.array_equal(child[b], parent[b]) for b in parent) else 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+        again, _ = _read(reader, layout, blocks)  # the parent's resources are untouched
+    _check(layout, refs, again, READERS[name].needs_raw)
+
+
+# ----------------------------------------------------------------- non-raw layouts
+def _scaleoffset_layout(tmp_path):
+    """X: gzip (raw-readable); Z: HDF5's scale-offset filter, which only HDF5 decodes."""
+    rng = np.random.default_rng(2)
+    with h5py.File(tmp_path / "so.h5", "w") as f:
+        f.create_dataset("X", data=rng.standard_normal((10, 4)).astype("f4"), chunks=(3, 4), compression="gzip")
+        f.create_dataset("Z", data=rng.integers(-500, 500, (10, 6)).astype("i4"), chunks=(4, 6), scaleoffset=0)
+    return build_layout(LayoutSpec("rows", ("so.h5",), ("X", "Z"), root=str(tmp_path)))
+
+
+def test_h5py_reader_serves_filters_only_hdf5_decodes(tmp_path):
+    layout = _scaleoffset_layout(tmp_path)
+    assert layout.datasets[0].raw and not layout.datasets[1].raw
+    assert default_reader_name(layout) == "h5py"
+    blocks = np.random.default_rng(0).permutation(layout.n_blocks)
+    with get_reader("h5py", layout) as reader:
+        got, stats = _read(reader, layout, blocks)
+    assert stats.n_reads == layout.n_blocks
+    _check(layout, {}, got, raw_reader=False)
+
+
+@pytest.mark.parametrize("name", [n for n, c in sorted(READERS.items()) if c.needs_raw])
+def test_raw_readers_refuse_non_raw_layout(tmp_path, name):
+    layout = _scaleoffset_layout(tmp_path)
+    with pytest.raises(SpecError, match=r"so.h5:/Z cannot be read raw \(filter scaleoffset is decoded by HDF5 "
+                                        r"only \(h5py reader\)\); use the 'h5py' reader"):
+        get_reader(name, layout)
+
+
+# ----------------------------------------------------------------- registry and API
+def test_get_reader_errors(dataset):
+    layout, _ = dataset("ptychonn", "contiguous")
+    with pytest.raises(SpecError, match="unknown reader 'posix'; valid readers: h5py, h5py-mpio, mpiio, pread"):
+        get_reader("posix", layout)
+    with pytest.raises(SpecError, match="reader 'pread' has no option 'colective'; valid: threads, coalesce"):
+        get_reader("pread", layout, colective=True)
+    with pytest.raises(SpecError, match="threads must be an integer >= 1, got 0"):
+        get_reader("pread", layout, threads=0)
+    with pytest.raises(SpecError, match="max_read must be an integer >= 0 .*got -1"):
+        get_reader("pread", layout, max_read=-1)
+    for name, cls in READERS.items():
+        ok, why = cls.available()
+        if not ok:
+            assert why
+            with pytest.raises(SpecError, match=f"reader '{name}' is not available here: "):
+                get_reader(name, layout)
+
+
+def test_request_is_validated(dataset):
+    layout, _ = dataset("ptychonn", "contiguous")
+    n = int(layout.block_nbytes[0])
+    with get_reader("pread", layout) as r:
+        with pytest.raises(ValueError, match=rf"out\[1\] must be a writable contiguous uint8 array of {n} bytes"):
+            r.read_blocks(np.array([0, 1]), [np.empty(n, np.uint8), np.empty(n - 1, np.uint8)])
+        with pytest.raises(ValueError, match=f"block id {layout.n_blocks} out of range"):
+            r.read_blocks(np.array([layout.n_blocks]), [np.empty(n, np.uint8)])
+        with pytest.raises(ValueError, match="2 blocks but 1 output arrays"):
+            r.read_blocks(np.array([0, 1]), [np.empty(n, np.uint8)])
+    with pytest.raises(ValueError, match="reader 'pread' is closed"):
+        r.read_blocks(np.array([0]), [np.empty(n, np.uint8)])
+
+
+def test_collective_flag_follows_the_option(dataset):
+    layout, _ = dataset("ptychonn", "contiguous")
+    assert READERS["mpiio"].collective and not READERS["pread"].collective
+    with get_reader("mpiio", layout) as a, get_reader("mpiio", layout, collective=False) as b:
+        assert a.collective and not b.collective
+
+
+def test_default_reader_name(dataset, monkeypatch):
+    import solar.io.reader as reader_mod
+
+    class FakeComm:
+        def __init__(self, size):
+            self.size = size
+
+        def Get_size(self):
+            return self.size
+
+    layout, _ = dataset("ptychonn", "contiguous")
+    assert default_reader_name(layout) == "pread"
+    assert default_reader_name(layout, FakeComm(4)) == "pread"  # a local disk
+    monkeypatch.setattr(reader_mod, "parallel_fs_name", lambda path: "lustre")
+    assert default_reader_name(layout, FakeComm(4)) == "mpiio"
+    assert default_reader_name(layout, FakeComm(1)) == "pread"
+
+
+def test_fs_magic_of_a_local_folder(tmp_path):
+    from solar.io.fstype import fs_magic, parallel_fs_name
+    magic = fs_magic(str(tmp_path))
+    assert magic is None or magic > 0
+    assert parallel_fs_name(str(tmp_path)) is None  # tests run on a local file system
+    assert fs_magic(str(tmp_path / "missing")) is None
+
+
+def test_read_stats_add():
+    a = ReadStats(1, 10, 2, 0.5)
+    b = a.merge(ReadStats(2, 5, 1, 0.25))
+    assert b == ReadStats(3, 15, 3, 0.75) and a == ReadStats(1, 10, 2, 0.5)
+    a += b
+    assert a == ReadStats(4, 25, 5, 1.25)
