@@ -23,7 +23,7 @@ def rss_bytes() -> int:
 
 
 def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float = 0.0, drop_cache=None,
-              reader: Optional[str] = None, threads: int = 4, prefetch: int = 4, progress: bool = False) -> dict:
+              reader: Optional[str] = None, threads: int = 16, prefetch: int = 4, progress: bool = False) -> dict:
     """Time SolarLoader epoch by epoch, measured as the baseline is (drop, barrier, timed loop)."""
     from ..loader import SolarLoader
     rss0 = rss_bytes()
@@ -83,7 +83,7 @@ def _max():
 
 def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fraction: Optional[float] = 0.5,
           buffer_per_rank=None, seed: int = 0, cold: bool = True, cache_mode: str = "file", step_time: float = 0.0,
-          num_workers: int = 2, reader: Optional[str] = None, threads: int = 4, prefetch: int = 4,
+          num_workers: int = 2, reader: Optional[str] = None, threads: int = 16, prefetch: int = 4,
           schedule: Optional[str] = None, loaders=("solar", "baseline"), progress: bool = False) -> dict:
     """Run the comparison; returns the report (the same on every rank)."""
     from ..layout import load_layout

@@ -35,7 +35,7 @@ def add_parser(sub):
     p.add_argument("--step-time", type=float, default=0.0, help="seconds of simulated training per step")
     p.add_argument("--num-workers", type=int, default=2, help="baseline DataLoader workers per rank")
     p.add_argument("--reader", help="solar reader backend (default: chosen for the layout and file system)")
-    p.add_argument("--threads", type=int, default=4, help="solar reader threads per rank")
+    p.add_argument("--threads", type=int, default=16, help="solar reader threads per rank (I/O depth)")
     p.add_argument("--prefetch", type=int, default=4, help="solar steps prefetched ahead")
     p.add_argument("--schedule", help="schedule file to write (default: next to the data)")
     p.add_argument("--only", choices=("solar", "baseline"), help="run one loader only")

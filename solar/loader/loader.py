@@ -35,7 +35,7 @@ class SolarLoader:
     """
 
     def __init__(self, schedule, data=None, *, comm=None, rank: Optional[int] = None, reader: Optional[str] = None,
-                 threads: int = 4, prefetch: int = 4, pin_memory: bool = False, as_torch: bool = True,
+                 threads: int = 16, prefetch: int = 4, pin_memory: bool = False, as_torch: bool = True,
                  verify: bool = True, reader_options: Optional[dict] = None, epoch_fence: bool = False):
         from ..io import default_reader_name, get_reader
         from ..layout import Layout, load_layout
