@@ -39,8 +39,19 @@ def smooth_frames(rng: np.random.Generator, shape: Sequence[int], n_frames: int 
     return out if n_frames else out[0]
 
 
-def diffraction(amplitude: np.ndarray, phase: np.ndarray) -> np.ndarray:
-    """Far-field diffraction amplitude |FFT(A exp(i phi))| of a 2-D object (PtychoNN input)."""
-    obj = amplitude.astype(np.complex64) * np.exp(1j * phase.astype(np.complex64))
-    far = np.abs(np.fft.fftshift(np.fft.fft2(obj)))
-    return (far / max(float(far.max()), 1e-12)).astype(np.float32)
+def diffraction(amplitude: np.ndarray, phase: np.ndarray, fresnel: float = 2.0e-3) -> np.ndarray:
+    """Diffraction amplitude of a 2-D object ``A exp(i phi)`` lit by a Gaussian probe, normalised to max 1.
+
+    Propagated a short (Fresnel) distance: transfer function ``exp(-i pi fresnel (kx^2+ky^2))`` with
+    integer frequencies k.  Unlike the far field |FFT(obj)| of a periodic object (the same for every
+    shift of it and for its conjugate twin, so amplitude and phase cannot be learned back from it),
+    this pattern keeps them recoverable pixel by pixel, as a surrogate model needs.
+    """
+    ny, nx = amplitude.shape
+    y, x = np.meshgrid(np.arange(ny) - ny / 2, np.arange(nx) - nx / 2, indexing="ij")
+    probe = np.exp(-(x ** 2 + y ** 2) / (2 * (0.35 * max(nx, ny)) ** 2))
+    obj = probe * amplitude.astype(np.complex64) * np.exp(1j * phase.astype(np.complex64))
+    ky, kx = np.meshgrid(np.fft.fftfreq(ny) * ny, np.fft.fftfreq(nx) * nx, indexing="ij")
+    h = np.exp(-1j * np.pi * fresnel * (kx ** 2 + ky ** 2))
+    field = np.abs(np.fft.ifft2(np.fft.fft2(obj) * h))
+    return (field / max(float(field.max()), 1e-12)).astype(np.float32)
