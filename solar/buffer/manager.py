@@ -82,7 +82,8 @@ class BufferManager:
 
     def __init__(self, rank_plan, demand: Dict[str, np.ndarray], reader, assemble: Callable[..., Any], *,
                  budget: int, prefetch: int = 2, start: int = 0, stop: Optional[int] = None,
-                 keep_step_stats: bool = True, verify: bool = True, fence: Optional[int] = None):
+                 keep_step_stats: bool = True, verify: bool = True, fence: Optional[int] = None,
+                 io_depth: int = 4):
         if prefetch < 1:
             raise BufferError(f"prefetch must be >= 1 step, got {prefetch}")
         self.plan, self.reader, self.assemble = rank_plan, reader, assemble
@@ -95,9 +96,12 @@ class BufferManager:
         if not 0 <= self.start <= self.stop <= G:
             raise BufferError(f"steps [{start}, {stop}) outside the schedule's [0, {G})")
         self.budget = int(budget)
+        # steps whose reads may be in flight at once (collective readers: one call per step, in order)
+        self.io_depth = 1 if getattr(reader, "collective", False) else max(1, int(io_depth))
         self.class_of, class_bytes = size_classes(self.block_nbytes)
         slots = slots_needed(self.class_of, class_bytes.shape[0], np.asarray(rank_plan.load, np.int64),
-                             rank_plan.load_ptr, np.asarray(rank_plan.evict, np.int64), rank_plan.evict_ptr)
+                             rank_plan.load_ptr, np.asarray(rank_plan.evict, np.int64), rank_plan.evict_ptr,
+                             window=self.io_depth - 1)
         self.pools = SlotPools(class_bytes, slots)
         self.slot_of = np.full(self.block_nbytes.shape[0], -1, dtype=np.int64)
         self.totals = BufferTotals()
@@ -162,26 +166,45 @@ class BufferManager:
         return self.pools.in_use()
 
     # --------------------------------------------------------------- prefetch
+    # Step g goes through two stages in the prefetch thread: _book (evict, allocate, submit the
+    # read; up to io_depth steps in flight) and _finish (wait for the read, verify, assemble).
+    # A slot evicted at step q is reused only after step q-1 is assembled (_held), so a step
+    # whose read is in flight never sees its blocks overwritten.
     def _run(self):
+        from collections import deque
+        from concurrent.futures import ThreadPoolExecutor
+        io = ThreadPoolExecutor(self.io_depth, thread_name_prefix=f"solar-io-r{self.plan.rank}")
+        inflight = deque()
+        self._assembled = self.start - 1
+        self._held: Dict[int, list] = {}
         try:
             if self.start > 0:
                 self._warm_up()
             for g in range(self.start, self.stop):
-                with self._cv:
-                    while (g - self._next_get >= self.prefetch or self._fenced(g)) and not self._closed:
-                        self._cv.wait(0.5)
-                    if self._closed:
-                        return
-                out, st = self._do_step(g)
-                with self._cv:
-                    self._ready[g], self._stats[g] = out, st
-                    self._cv.notify_all()
+                while True:
+                    with self._cv:
+                        blocked = g - self._next_get >= self.prefetch or self._fenced(g)
+                        if self._closed:
+                            return
+                        if blocked and not inflight:
+                            self._cv.wait(0.5)
+                            continue
+                    if not blocked:
+                        break
+                    self._finish(inflight.popleft())  # the consumer may be waiting for it
+                if len(inflight) >= self.io_depth:
+                    self._finish(inflight.popleft())
+                inflight.append(self._book(g, io, inflight))
+            while inflight:
+                self._finish(inflight.popleft())
         except BaseException as exc:  # noqa: BLE001 - handed to the consumer, raised there
             with self._cv:
                 self._error = exc if isinstance(exc, SolarError) else BufferError(
                     f"prefetch of rank {self.plan.rank} failed: {type(exc).__name__}: {exc}")
                 self._error.__cause__ = exc
                 self._cv.notify_all()
+        finally:
+            io.shutdown(wait=True)
 
     def _warm_up(self):
         """Load what the plan holds resident when step ``start`` begins (a resume)."""
@@ -190,59 +213,86 @@ class BufferManager:
         np.add.at(res, np.asarray(self.plan.load[:lp[self.start]], np.int64), 1)
         np.add.at(res, np.asarray(self.plan.evict[:ep[self.start]], np.int64), -1)
         blocks = np.flatnonzero(res > 0)
-        self._load(blocks)
+        self.reader.read_blocks(blocks, self._alloc(blocks))
 
-    def _load(self, blocks: np.ndarray):
+    def _alloc(self, blocks: np.ndarray) -> list:
         views = []
         for b in blocks.tolist():
             c = int(self.class_of[b])
             i = self.pools.alloc(c)
             self.slot_of[b] = i
             views.append(self.pools.view(c, i)[:self.block_nbytes[b]])
-        return self.reader.read_blocks(blocks, views)
+        return views
 
-    def _do_step(self, g: int):
+    def _book(self, g: int, io, inflight):
         sp = self.plan.step(g)
         st = StepStats(g, samples=int(sp.samples.shape[0]))
+        freed = []
         for b in np.asarray(sp.evict, np.int64).tolist():
             i = int(self.slot_of[b])
             if i < 0:
                 raise BufferError(f"step {g}: the plan evicts block {b}, which is not resident (damaged plan?)")
-            self.pools.free(int(self.class_of[b]), i)
+            freed.append((int(self.class_of[b]), i))
             self.slot_of[b] = -1
+        if self._assembled >= g - 1:
+            for c, i in freed:
+                self.pools.free(c, i)
+        else:
+            self._held[g] = freed
         load = np.asarray(sp.load, dtype=np.int64)
         if (self.slot_of[load] >= 0).any():
             b = int(load[self.slot_of[load] >= 0][0])
             raise BufferError(f"step {g}: the plan loads block {b}, which is already resident (damaged plan?)")
-        t0 = time.perf_counter()
-        rs = self._load(load)
-        st.read_s = time.perf_counter() - t0
+        while True:  # slots are sized for io_depth steps in flight; finishing one always frees enough
+            try:
+                views = self._alloc(load)
+                break
+            except MemoryError:
+                for b in load.tolist():  # undo a partial allocation
+                    if self.slot_of[b] >= 0:
+                        self.pools.free(int(self.class_of[b]), int(self.slot_of[b]))
+                        self.slot_of[b] = -1
+                if not inflight:
+                    raise
+                self._finish(inflight.popleft())
         st.misses, st.bytes_loaded = int(load.shape[0]), int(self.block_nbytes[load].sum())
-        st.bytes_read, st.n_reads = rs.bytes_read, rs.n_reads
         samples = np.asarray(sp.samples, dtype=np.int64)
-        extra: Dict[int, np.ndarray] = {}
-        if self.verify:
-            need = np.unique(np.concatenate([self.sample_blocks[self.sample_ptr[s]:self.sample_ptr[s + 1]]
-                                             for s in samples.tolist()])) if samples.size else load
-            missing = need[self.slot_of[need] < 0]
-            st.hits = int(need.shape[0] - load.shape[0] - missing.shape[0])
-            if missing.size:  # the plan called these hits: count it, read them so nothing wrong is delivered
-                st.plan_violations = int(missing.shape[0])
-                bufs = [np.empty(int(self.block_nbytes[b]), np.uint8) for b in missing.tolist()]
-                self.reader.read_blocks(missing, bufs)
-                extra = dict(zip(missing.tolist(), bufs))
-        else:
-            st.hits = int(sp.hits)
+        # where each block of this step lives now (a later step may move it; the old slot stays held)
+        need = (np.unique(np.concatenate([self.sample_blocks[self.sample_ptr[s]:self.sample_ptr[s + 1]]
+                                          for s in samples.tolist()])) if samples.size else load)
+        snap = {}
+        missing = need[self.slot_of[need] < 0]
+        st.hits = int(need.shape[0] - load.shape[0] - missing.shape[0])
+        for b in need[self.slot_of[need] >= 0].tolist():
+            c = int(self.class_of[b])
+            snap[b] = self.pools.view(c, int(self.slot_of[b]))[:self.block_nbytes[b]]
+        if missing.size:  # the plan called these hits: count it, read them so nothing wrong is delivered
+            st.plan_violations = int(missing.shape[0])
+            bufs = [np.empty(int(self.block_nbytes[b]), np.uint8) for b in missing.tolist()]
+            self.reader.read_blocks(missing, bufs)
+            snap.update(zip(missing.tolist(), bufs))
+        t0 = time.perf_counter()
+        fut = io.submit(self.reader.read_blocks, load, views)
+        return g, fut, samples, snap, st, t0
+
+    def _finish(self, item):
+        g, fut, samples, snap, st, t0 = item
+        rs = fut.result()
+        st.read_s = time.perf_counter() - t0
+        st.bytes_read, st.n_reads = rs.bytes_read, rs.n_reads
 
         def lookup(b: int) -> np.ndarray:
-            i = int(self.slot_of[b])
-            if i < 0:
-                if b in extra:
-                    return extra[b]
-                raise BufferError(f"step {g}: block {b} is not resident (plan violation)")
-            return self.pools.view(int(self.class_of[b]), i)[:self.block_nbytes[b]]
+            try:
+                return snap[b]
+            except KeyError:
+                raise BufferError(f"step {g}: block {b} is not among the step's blocks") from None
 
-        t0 = time.perf_counter()
+        t1 = time.perf_counter()
         out = self.assemble(g, samples, lookup)
-        st.assemble_s = time.perf_counter() - t0
-        return out, st
+        st.assemble_s = time.perf_counter() - t1
+        self._assembled = g
+        for c, i in self._held.pop(g + 1, []):
+            self.pools.free(c, i)
+        with self._cv:
+            self._ready[g], self._stats[g] = out, st
+            self._cv.notify_all()

@@ -29,10 +29,13 @@ def size_classes(block_nbytes: np.ndarray):
 
 
 def slots_needed(class_of: np.ndarray, n_classes: int, load: np.ndarray, load_ptr: np.ndarray,
-                 evict: np.ndarray, evict_ptr: np.ndarray) -> np.ndarray:
-    """int64[C]: the most blocks of each class resident at once over the plan's G steps.
+                 evict: np.ndarray, evict_ptr: np.ndarray, window: int = 0) -> np.ndarray:
+    """int64[C]: the most slots of each class in use at once over the plan's G steps.
 
     ``load``/``evict`` hold block ids with int64[G+1] pointers (one rank's plan).
+    With reads of several steps in flight, a slot evicted at step q is reused only
+    once step q-1 is assembled: ``window`` steps of evictions stay held on top of
+    the resident blocks (0: the plan's own peak).
     """
     G = load_ptr.shape[0] - 1
     delta = np.zeros((G, n_classes), dtype=np.int64)  # (G, C) resident change per step
@@ -41,4 +44,12 @@ def slots_needed(class_of: np.ndarray, n_classes: int, load: np.ndarray, load_pt
     np.add.at(delta, (step_of_load, class_of[load]), 1)
     np.add.at(delta, (step_of_evict, class_of[evict]), -1)
     resident = np.cumsum(delta, axis=0)  # (G, C) resident count after each step
-    return resident.max(axis=0, initial=0) if G else np.zeros(n_classes, dtype=np.int64)
+    if not G:
+        return np.zeros(n_classes, dtype=np.int64)
+    if window > 0:
+        ev = np.zeros((G + 1, n_classes), dtype=np.int64)  # (G+1, C) cumulative evictions
+        np.add.at(ev, (step_of_evict + 1, class_of[evict]), 1)
+        ev = np.cumsum(ev, axis=0)
+        lag = np.maximum(np.arange(1, G + 1) - window, 0)  # evictions of steps (p - window, p] still held
+        resident = resident + ev[1:] - ev[lag]
+    return resident.max(axis=0, initial=0)
