@@ -1,5 +1,6 @@
 # solar: set-up and the two commands of the README.
-#   make demo   create .venv, generate a PtychoNN-style file, describe it, simulate the loading policies on it
+#   make demo   create .venv, generate a PtychoNN-style file, describe it, simulate the loading policies on it,
+#               plan a 2-rank job and benchmark the solar loader against the PyTorch baseline (cold cache)
 #   make test   create .venv, run the unit tests, then the MPI tests under mpiexec -n 2
 PYTHON ?= python3
 VENV   ?= .venv
@@ -22,6 +23,8 @@ demo: env
 	$(VENV)/bin/solar gen ptychonn $(DATA) --samples 2048
 	$(VENV)/bin/solar inspect $(DATA)
 	$(VENV)/bin/solar simulate $(DATA) -P 8 -b 32 --epochs 4 --buffer-fraction 0.25 0.5 0.9 --plot $(DATA)/hit-rate.png
+	$(VENV)/bin/solar plan $(DATA) -P $(NP) -b 32 --epochs 3 --buffer-fraction 0.5 -o $(DATA)/plan.h5
+	$(VENV)/bin/mpiexec -n $(NP) $(VENV)/bin/solar bench $(DATA) --epochs 3 --buffer-fraction 0.5 --cold
 
 test-unit: env
 	$(PY) -m pytest -q tests
