@@ -143,3 +143,52 @@ def test_config_validation_names_bad_value():
     assert parse_bytes("2GiB") == 2 * 2**30 and parse_bytes("1.5e3") == 1500 and parse_bytes("512MB") == 512 * 10**6
     with pytest.raises(SpecError, match="cannot read a byte size from '2 parsecs'"):
         parse_bytes("2 parsecs")
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 40), st.integers(1, 4), st.integers(1, 5), st.integers(0, 3), st.booleans(), st.integers(0, 9))
+def test_next_use_matches_brute_force(n, P, b, n_future, per_rank, seed):
+    """engine.next_use over the current epoch and n_future following ones, against a direct scan."""
+    from solar.scheduler import engine as eg
+    from solar.scheduler.sampler import batch_bounds, sampler_sizes
+    d = Demand.synthetic(n, 10, samples_per_block=2, blocks_per_sample=2)
+    sp, sb = d.sample_ptr, d.sample_blocks
+    _, total = sampler_sizes(n, P, False)
+    bounds = batch_bounds(total, P, b)
+    S = bounds.shape[0] - 1
+    epochs = [epoch_indices(n, P, seed, t) for t in range(1 + n_future)]
+    step0 = 7 * S
+    acc_ptr = np.concatenate(([0], np.cumsum(np.diff(sp)[epochs[0]])))
+    nu = np.full(int(acc_ptr[-1]), -5, dtype=np.int64)
+    last = np.full(d.n_blocks, eg.INF, dtype=np.int64)
+    idx_f = np.concatenate(epochs[1:]) if n_future else np.zeros(0, dtype=np.int64)
+    eg.next_use(epochs[0], bounds, step0, idx_f, n_future, acc_ptr, P, per_rank, sp, sb, last, nu)
+    assert (last == eg.INF).all()
+    # (step, group, block) of every access in the window, in time order
+    acc = []
+    for j, idx in enumerate(epochs):
+        for k in range(S):
+            for p in range(bounds[k], bounds[k + 1]):
+                g = (p - bounds[k]) % P if per_rank else 0
+                for blk in sb[sp[idx[p]]:sp[idx[p] + 1]]:
+                    acc.append((step0 + j * S + k, g, int(blk), j == 0, p))
+    i = 0
+    for s_, g, blk, cur, p in acc:
+        if not cur:
+            continue
+        want = min((t for t, g2, b2, _, _ in acc if t > s_ and g2 == g and b2 == blk), default=eg.INF)
+        a = int(acc_ptr[p]) + list(sb[sp[epochs[0][p]]:sp[epochs[0][p] + 1]]).index(blk)
+        assert nu[a] == want
+        i += 1
+    assert i == nu.shape[0]
+
+
+def test_nopfs_sees_the_whole_future():
+    """Under the strided split a block comes back to the same rank only epochs later."""
+    import dataclasses
+    d = Demand.synthetic(4096, 100)
+    cfg = PlanConfig(8, 16, 5, int(0.5 * 4096 * 100 / 8), seed=1)
+    one = run_policy(d, cfg, dataclasses.replace(POLICIES["nopfs"], lookahead=1)).steady_hit_rate
+    full = run_policy(d, cfg, "nopfs").steady_hit_rate
+    assert full > 1.3 * one, (one, full)
+    assert run_policy(d, cfg, "solar").steady_hit_rate > 1.5 * full

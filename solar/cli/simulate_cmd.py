@@ -11,13 +11,18 @@ from ..scheduler.run import Demand
 from ..scheduler.simulate import dataset_bytes, format_table, plot, simulate
 
 EPILOG = """\
-policies: torch (DistributedSampler + per-rank LRU), nopfs (DistributedSampler + per-rank Belady),
-solar2023 (SOLAR's published algorithm), solar (ours), ideal (one P x budget Belady buffer).
+policies: torch (DistributedSampler + per-rank LRU), nopfs (DistributedSampler + per-rank Belady that
+sees its whole seeded future), solar2023 (SOLAR's published algorithm), solar (ours), ideal (one
+P x budget Belady buffer).
 
 examples:
   solar simulate --samples 16384 --sample-bytes 196608 -P 8 -b 32 --epochs 5 --buffer-fraction 0.1 0.25 0.5 0.9
   solar simulate data/well -P 64 -b 4 --epochs 3 --buffer-fraction 0.25 --json
   solar simulate --samples 65536 --sample-bytes 1e5 -P 512 -b 8 --buffer-fraction 0.1 0.5 --plot hit.png
+  solar simulate --samples 16384 --sample-bytes 1000 -P 8 -b 32 --epochs 4 --buffer-fraction 0.95 --epsilon 0.1
+
+storage/epoch is what the policy reads from storage per epoch (stored, i.e. compressed, bytes), the mean
+over epochs >= 2; the hit rate counts decoded bytes.
 """
 
 
@@ -39,8 +44,12 @@ def add_parser(sub):
     g.add_argument("--buffer-per-rank", type=parse_bytes, nargs="+", help="bytes per rank (2GiB, 5e8, ...)")
     g.add_argument("--buffer-fraction", type=float, nargs="+", help="aggregate buffer / dataset bytes")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--epsilon", type=float, default=0.0, help="solar: per-rank batch imbalance bound")
+    p.add_argument("--epsilon", type=float, default=0.0,
+                   help="solar: local batches may range over [ceil(b(1-eps)), floor(b(1+eps))] (default 0)")
     p.add_argument("--drop-last", action="store_true")
+    p.add_argument("--no-group-blocks", dest="group_blocks", action="store_false",
+                   help="plan every layout block on its own (default: blocks that the same samples use, "
+                        "e.g. the fields of one sample, are planned as one unit)")
     p.add_argument("--policies", nargs="+", default=list(POLICIES), choices=list(POLICIES), metavar="POLICY")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--plot", metavar="PNG", help="write hit rate vs buffer fraction per policy")
@@ -67,14 +76,15 @@ def run(args) -> int:
     rows = []
     for frac, per_rank in budgets:
         res = simulate(demand, P, args.local_batch, args.epochs, per_rank, seed=args.seed, drop_last=args.drop_last,
-                       epsilon=args.epsilon, policies=args.policies, progress=sys.stderr.isatty())
+                       epsilon=args.epsilon, policies=args.policies, progress=sys.stderr.isatty(),
+                       group_blocks=args.group_blocks)
         rows.append({"fraction": frac, "buffer_per_rank": per_rank, "results": res})
     if args.plot:
         plot(rows, args.plot, f"{source}; P={P}, b={args.local_batch}, E={args.epochs}, eps={args.epsilon}")
     if args.json:
         print(json.dumps({"source": source, "dataset_bytes": total, "world_size": P,
                           "local_batch": args.local_batch, "epochs": args.epochs, "epsilon": args.epsilon,
-                          "rows": rows}, indent=2))
+                          "group_blocks": args.group_blocks, "rows": rows}, indent=2))
     else:
         print(f"{source}; dataset {total:,} B; P={P}, b={args.local_batch}, epochs={args.epochs}, "
               f"epsilon={args.epsilon}")

@@ -3,11 +3,12 @@ run each rank's buffer (hits, loads, evictions) under its byte budget.
 
 Pure: arrays in, arrays out; no I/O, no MPI, no clock.
 
-State kept across epochs (see :class:`EngineState`): a hash table of resident
-``(rank, block)`` pairs with each entry's eviction priority, one lazy max-heap
-of ``(priority, block)`` per rank (stale entries are skipped when popped), the
-bytes resident per rank, and ``owner[block]``: the rank a block is routed to
-(for reassigning policies) or that last loaded it.
+State kept across epochs (arrays allocated by :func:`solar.scheduler.run.run_policy`):
+a hash table of resident ``(rank, block)`` pairs with each entry's eviction
+priority, one lazy max-heap of ``(priority, block)`` per rank (stale entries are
+skipped when popped), the bytes resident per rank, and ``owner[block]``: for the
+routed policy the rank that last used the block (its next use is routed there),
+for the others the rank that last loaded it.
 
 Priorities (the heap pops the largest):
 ``belady``  next use step (``INF`` = never again) - farthest first;
@@ -136,27 +137,34 @@ def _rr_next(ptr, P, cnt, limit):
 
 
 @nb.njit
-def _rr_pick(ptr, P, cnt, limit, due, t, cap_t):
-    """Round robin over ranks with a free slot whose buffer can still serve a block due at t."""
-    R = due.shape[1]
-    if t < INF:
-        slot = t % R
-        r0 = ptr[0]
-        for i in range(P):
-            r = (r0 + i) % P
-            if cnt[r] < limit[r] and due[r, slot] < cap_t:
-                ptr[0] = (r + 1) % P
+def _least_due_pick(ptr, P, cnt, limit, due, slot, cap_t):
+    """Among ranks with a free slot, one holding the fewest blocks due at ring slot ``slot``,
+    if fewer than ``cap_t`` (the first such in round-robin order from ``ptr``); else any free rank."""
+    m = cap_t
+    for r in range(P):  # branch-free min, so that it vectorises
+        v = due[slot, r] if cnt[r] < limit[r] else cap_t
+        m = min(m, v)
+    if m < cap_t:
+        r = ptr[0]
+        for _ in range(P):
+            if due[slot, r] == m and cnt[r] < limit[r]:
+                ptr[0] = r + 1 if r + 1 < P else 0
                 return r
+            r = r + 1 if r + 1 < P else 0
     return _rr_next(ptr, P, cnt, limit)
 
 
 @nb.njit
 def run_epoch(idx, bounds, acc_ptr, nu, step0, P, cap_lo, cap_hi, target, mode, evict_kind, budget,
-              boundary_steps, sample_ptr, sample_blocks, block_nbytes, block_stored,
+              boundary_steps, sample_ptr, sample_blocks, block_nbytes, block_stored, block_count,
               keys, prio, used, hk, hb, hn, res_bytes, owner, stamp, n_res,
               rank_of, st_count, st_hits, st_hit_bytes, st_miss, st_miss_bytes, st_stored,
               record, load_blk, load_ptr, evict_blk, evict_ptr, err, due, blocks_per_slot):
     """Process every step of one epoch.
+
+    "Blocks" here are the planner's units (layout blocks, or groups of them, see
+    :mod:`.groups`); ``block_count`` int64[B] gives the layout blocks of each unit
+    (empty: one each), so that hit and miss counts are in layout blocks.
 
     idx        int64[T]    sample id of each position of the epoch's global index
     bounds     int64[S+1]  global batch k = positions bounds[k]:bounds[k+1]
@@ -166,13 +174,23 @@ def run_epoch(idx, bounds, acc_ptr, nu, step0, P, cap_lo, cap_hi, target, mode, 
     rank_of    int32[T]    out: rank of each position
     st_*       int64[S,P]  out: samples, hits, hit bytes, misses, miss bytes, stored bytes read
     load_*/evict_*         out (if record): block ids, CSR over (step, rank): ptr int64[S*P+1]
-    err        int64[4]    out on failure: (status, step, rank, bytes needed)
-    due        int64[P,R]  ROUTED: blocks resident on rank r whose next use is step t (ring, R = 2S+1);
-                           a rank can serve at most cap_hi * blocks_per_slot of them at t, so a block
-                           past that is kept at INF priority and misses are routed where they fit
+    err        int64[4+]   out on failure: (status, step, rank, bytes needed)
+    due        int64[R,P]  ROUTED: blocks resident on rank r whose next use is step t, at [t % R, r]
+                           (R = 2S+1); a rank can serve at most cap_hi * blocks_per_slot of them at t,
+                           so a block past that is kept at INF priority, and misses are routed where
+                           they fit
+    blocks_per_slot        most units of one sample
+
+    ROUTED, per step: (A) each sample with owned units goes to the rank owning most of its
+    bytes (samples of several units that one rank holds whole go first), within the count
+    bounds; (B) the others in order of next use, soonest first, each to the free rank with
+    the fewest blocks due at that step (a routed miss reserves its due slot for the rest of
+    the pass); then the buffers run, and every used unit becomes owned by the rank that used
+    it (its next use will be routed there).
     """
     n_blocks = block_nbytes.shape[0]
     S = bounds.shape[0] - 1
+    unit_blocks = block_count.shape[0] == 0  # every unit is one layout block
     cnt = np.zeros(P, np.int64)
     lim = np.zeros(P, np.int64)
     rr = np.zeros(1, np.int64)
@@ -180,13 +198,24 @@ def run_epoch(idx, bounds, acc_ptr, nu, step0, P, cap_lo, cap_hi, target, mode, 
     aff_val = np.empty(64, np.int64)
     pos_by_rank = np.empty(bounds[S] - bounds[0] + 1, np.int64)
     rank_start = np.zeros(P + 1, np.int64)
-    need_blk = np.empty(1024, np.int64)
-    need_nu = np.empty(1024, np.int64)
-    loads = np.empty(1024, np.int64)
-    pinned_k = np.empty(1024, np.int64)
-    pinned_b = np.empty(1024, np.int64)
+    # one rank's units of one step: at most (samples of the step) x (units per sample); sized once,
+    # never grown (re-binding an array inside the step loop costs reference counting per step)
+    umax = np.max(bounds[1:] - bounds[:-1]) * blocks_per_slot + 1 if S > 0 else 1
+    need_blk = np.empty(umax, np.int64)
+    need_nu = np.empty(umax, np.int64)
+    loads = np.empty(umax, np.int64)
+    pinned_k = np.empty(umax, np.int64)
+    pinned_b = np.empty(umax, np.int64)
     n_load = 0
     n_evict = 0
+    resv = np.empty(bounds[S] - bounds[0] + 1, np.int64)  # at most one reservation per position
+    resv_r = np.empty(bounds[S] - bounds[0] + 1, np.int64)
+    qfar = np.empty(bounds[S] - bounds[0] + 1, np.int64)
+    qpos = np.empty(bounds[S] - bounds[0] + 1, np.int64)
+    qkey = np.empty(bounds[S] - bounds[0] + 1, np.int64)
+    qord = np.empty(bounds[S] - bounds[0] + 1, np.int64)
+    bcnt = np.zeros(bounds[S] - bounds[0] + 3, np.int64)
+    n_resv = 0
     heap_cap = hk.shape[1]
     for k in range(S):
         s = step0 + k
@@ -220,51 +249,97 @@ def run_epoch(idx, bounds, acc_ptr, nu, step0, P, cap_lo, cap_hi, target, mode, 
             # rank holding most of its bytes, within cap_hi and keeping cap_lo feasible.
             deficit = P * cap_lo[k]
             unassigned = hi - lo
-            for p in range(lo, hi):
-                rank_of[p] = -1
-                smp = idx[p]
-                na = 0
-                for a in range(sample_ptr[smp], sample_ptr[smp + 1]):
-                    blk = sample_blocks[a]
-                    o = owner[blk]
-                    if o < 0:
+            # round 0 (samples of several units only): samples whose bytes are all on one rank;
+            # round 1: the others
+            first = 0 if blocks_per_slot > 1 else 1
+            for rnd in range(first, 2):
+                for p in range(lo, hi):
+                    if rnd == first:
+                        rank_of[p] = -1
+                    elif rank_of[p] >= 0:
                         continue
-                    found = False
-                    for j in range(na):
-                        if aff_rank[j] == o:
-                            aff_val[j] += block_nbytes[blk]
-                            found = True
-                            break
-                    if not found and na < 64:
-                        aff_rank[na] = o
-                        aff_val[na] = block_nbytes[blk]
-                        na += 1
-                best = -1
-                bval = -1
-                for j in range(na):
-                    o = aff_rank[j]
-                    if cnt[o] >= cap_hi[k]:
-                        continue
-                    d_after = deficit - (1 if cnt[o] < cap_lo[k] else 0)
-                    if unassigned - 1 < d_after:
-                        continue
-                    if aff_val[j] > bval:
-                        bval = aff_val[j]
-                        best = o
-                if best >= 0:
-                    rank_of[p] = best
-                    if cnt[best] < cap_lo[k]:
-                        deficit -= 1
-                    cnt[best] += 1
-                    unassigned -= 1
+                    smp = idx[p]
+                    na = 0
+                    tot = 0
                     for a in range(sample_ptr[smp], sample_ptr[smp + 1]):
-                        if owner[sample_blocks[a]] < 0:
-                            owner[sample_blocks[a]] = best  # claim: co-block samples follow
-            # pass B: the rest, first up to cap_lo on every rank, then up to the target share
+                        blk = sample_blocks[a]
+                        if rnd == 0:
+                            tot += block_nbytes[blk]
+                        o = owner[blk]
+                        if o < 0:
+                            continue
+                        found = False
+                        for j in range(na):
+                            if aff_rank[j] == o:
+                                aff_val[j] += block_nbytes[blk]
+                                found = True
+                                break
+                        if not found and na < 64:
+                            aff_rank[na] = o
+                            aff_val[na] = block_nbytes[blk]
+                            na += 1
+                    if na == 0 or (rnd == 0 and (na > 1 or aff_val[0] < tot)):
+                        continue
+                    best = -1
+                    bval = -1
+                    for j in range(na):
+                        o = aff_rank[j]
+                        if cnt[o] >= cap_hi[k]:
+                            continue
+                        d_after = deficit - (1 if cnt[o] < cap_lo[k] else 0)
+                        if unassigned - 1 < d_after:
+                            continue
+                        if aff_val[j] > bval:
+                            bval = aff_val[j]
+                            best = o
+                    if best >= 0:
+                        rank_of[p] = best
+                        if cnt[best] < cap_lo[k]:
+                            deficit -= 1
+                        cnt[best] += 1
+                        unassigned -= 1
+                        for a in range(sample_ptr[smp], sample_ptr[smp + 1]):
+                            if owner[sample_blocks[a]] < 0:
+                                owner[sample_blocks[a]] = best  # claim: co-block samples follow
+            # pass B: the rest, first up to cap_lo on every rank, then up to the target share.
+            # Samples used again go first, soonest next use first (bucket sort, buckets of w
+            # steps), each to the free rank with the fewest blocks due at that step; samples
+            # never used again follow in index order, round robin.
+            horizon = due.shape[0] - 1  # next uses lie within this many steps
+            nq = 0
+            nfar = 0
+            for p in range(lo, hi):
+                if rank_of[p] < 0:
+                    d = nu[acc_ptr[p]] - s if acc_ptr[p + 1] > acc_ptr[p] else INF
+                    if d <= horizon:
+                        qpos[nq] = p
+                        qkey[nq] = d
+                        nq += 1
+                    else:
+                        qfar[nfar] = p
+                        nfar += 1
+            nbk = min(horizon, nq) + 1
+            w = (horizon + nbk - 1) // nbk
+            bcnt[:nbk + 1] = 0
+            for i in range(nq):
+                bk = (qkey[i] - 1) // w
+                qkey[i] = bk
+                bcnt[bk + 1] += 1
+            for i in range(nbk):
+                bcnt[i + 1] += bcnt[i]
+            for i in range(nq):
+                bk = qkey[i]
+                qord[bcnt[bk]] = qpos[i]
+                bcnt[bk] += 1
+            for i in range(nfar):
+                qord[nq + i] = qfar[i]
+            nq += nfar
+            R = due.shape[0]
             for phase in range(2):
                 for r in range(P):
                     lim[r] = cap_lo[k] if phase == 0 else target[k]
-                for p in range(lo, hi):
+                for qi in range(nq):
+                    p = qord[qi]
                     if rank_of[p] >= 0:
                         continue
                     smp = idx[p]
@@ -275,9 +350,18 @@ def run_epoch(idx, bounds, acc_ptr, nu, step0, P, cap_lo, cap_hi, target, mode, 
                             r = o
                             break
                     if r < 0:
-                        t = nu[acc_ptr[p]]
-                        cap_t = cap_hi[(t - step0) % S] * blocks_per_slot if t < INF else 0
-                        r = _rr_pick(rr, P, cnt, lim, due, t, cap_t)
+                        t = nu[acc_ptr[p]] if acc_ptr[p + 1] > acc_ptr[p] else INF
+                        if t < INF:
+                            slot = t % R
+                            cap_t = cap_hi[(t - step0) % S] * blocks_per_slot
+                            r = _least_due_pick(rr, P, cnt, lim, due, slot, cap_t)
+                            if r >= 0:
+                                due[slot, r] += 1  # reserved until the buffers run (undone below)
+                                resv[n_resv] = slot
+                                resv_r[n_resv] = r
+                                n_resv += 1
+                        else:
+                            r = _rr_next(rr, P, cnt, lim)
                         if r < 0:
                             break
                     rank_of[p] = r
@@ -285,6 +369,9 @@ def run_epoch(idx, bounds, acc_ptr, nu, step0, P, cap_lo, cap_hi, target, mode, 
                     for a in range(sample_ptr[smp], sample_ptr[smp + 1]):
                         if owner[sample_blocks[a]] < 0:
                             owner[sample_blocks[a]] = r
+        for j in range(n_resv):
+            due[resv[j], resv_r[j]] -= 1
+        n_resv = 0
         # positions grouped by rank (counting sort, keeps index order inside a rank)
         rank_start[:] = 0
         for p in range(lo, hi):
@@ -313,20 +400,15 @@ def run_epoch(idx, bounds, acc_ptr, nu, step0, P, cap_lo, cap_hi, target, mode, 
                     if stamp[blk] == tag:
                         continue
                     stamp[blk] = tag
-                    if nn == need_blk.shape[0]:
-                        need_blk = np.concatenate((need_blk, np.empty(nn, np.int64)))
-                        need_nu = np.concatenate((need_nu, np.empty(nn, np.int64)))
                     need_blk[nn] = blk
                     need_nu[nn] = nu[acc_ptr[p] + a - base]
                     nn += 1
                     h = ht_find(keys, r * n_blocks + blk)
                     if h >= 0:
                         used[h] = s
-                        st_hits[k, r] += 1
+                        st_hits[k, r] += 1 if unit_blocks else block_count[blk]
                         st_hit_bytes[k, r] += block_nbytes[blk]
                     else:
-                        if nl == loads.shape[0]:
-                            loads = np.concatenate((loads, np.empty(nl, np.int64)))
                         loads[nl] = blk
                         nl += 1
                         load_bytes += block_nbytes[blk]
@@ -344,16 +426,13 @@ def run_epoch(idx, bounds, acc_ptr, nu, step0, P, cap_lo, cap_hi, target, mode, 
                 if h < 0 or prio[h] != key:
                     continue  # stale entry
                 if used[h] == s:  # needed now: cannot go, but keep its entry (FIFO never re-pushes)
-                    if n_pinned == pinned_k.shape[0]:
-                        pinned_k = np.concatenate((pinned_k, np.empty(n_pinned, np.int64)))
-                        pinned_b = np.concatenate((pinned_b, np.empty(n_pinned, np.int64)))
                     pinned_k[n_pinned] = key
                     pinned_b[n_pinned] = blk
                     n_pinned += 1
                     continue
                 keys[h] = TOMB
-                if mode == ROUTED and evict_kind == BELADY and key < INF:
-                    due[r, key % due.shape[1]] -= 1
+                if mode == ROUTED and evict_kind == BELADY and s < key < INF:
+                    due[key % due.shape[0], r] -= 1
                 n_res[0] -= 1
                 n_res[1] += 1
                 res_bytes[r] -= block_nbytes[blk]
@@ -381,7 +460,7 @@ def run_epoch(idx, bounds, acc_ptr, nu, step0, P, cap_lo, cap_hi, target, mode, 
                 prio[h] = FRESH
                 used[h] = s
                 res_bytes[r] += block_nbytes[blk]
-                st_miss[k, r] += 1
+                st_miss[k, r] += 1 if unit_blocks else block_count[blk]
                 st_miss_bytes[k, r] += block_nbytes[blk]
                 st_stored[k, r] += block_stored[blk]
                 if mode != ROUTED:
@@ -396,12 +475,29 @@ def run_epoch(idx, bounds, acc_ptr, nu, step0, P, cap_lo, cap_hi, target, mode, 
                 if evict_kind == BELADY:
                     newp = need_nu[j]
                     if mode == ROUTED:
-                        if owner[blk] != r:
-                            newp = INF  # a copy of a block routed elsewhere: first to go
-                        elif newp < INF:
-                            slot = newp % due.shape[1]
-                            if due[r, slot] < cap_hi[(newp - step0) % S] * blocks_per_slot:
-                                due[r, slot] += 1
+                        o = owner[blk]
+                        if o != r:
+                            # the block follows its last user: r owns it now, and a copy the
+                            # previous owner still holds becomes the first thing it evicts
+                            if o >= 0:
+                                h2 = ht_find(keys, o * n_blocks + blk)
+                                if h2 >= 0 and prio[h2] < INF:
+                                    if prio[h2] > s:
+                                        due[prio[h2] % due.shape[0], o] -= 1
+                                    prio[h2] = INF
+                                    if hn[o] >= heap_cap:
+                                        heap_compact(hk, hb, hn, o, keys, prio, n_blocks)
+                                        if hn[o] >= heap_cap:
+                                            err[0] = HEAP_FULL
+                                            err[1] = s
+                                            err[2] = o
+                                            return n_load, n_evict
+                                    heap_push(hk, hb, hn, o, INF, blk)
+                            owner[blk] = r
+                        if newp < INF:
+                            slot = newp % due.shape[0]
+                            if due[slot, r] < cap_hi[(newp - step0) % S] * blocks_per_slot:
+                                due[slot, r] += 1
                             else:
                                 newp = INF  # this rank cannot serve another block at that step
                 elif evict_kind == LRU:
@@ -425,8 +521,7 @@ def run_epoch(idx, bounds, acc_ptr, nu, step0, P, cap_lo, cap_hi, target, mode, 
                 load_ptr[k * P + r + 1] = n_load
                 evict_ptr[k * P + r + 1] = n_evict
         if mode == ROUTED:
-            for r in range(P):
-                due[r, s % due.shape[1]] = 0
+            due[s % due.shape[0], :] = 0
     return n_load, n_evict
 
 
@@ -441,25 +536,29 @@ def ht_rebuild(keys, prio, used, new_keys, new_prio, new_used):
 
 
 @nb.njit
-def next_use(idx, bounds, step0, idx_n, bounds_n, step0_n, acc_ptr, P, per_rank, sample_ptr, sample_blocks,
-             last, nu):
+def next_use(idx, bounds, step0, idx_f, n_future, acc_ptr, P, per_rank, sample_ptr, sample_blocks, last, nu):
     """Fill ``nu`` (int64[A], aligned with ``acc_ptr``) with each access's next use step.
 
     The next use of a block used at step s is the first later step that uses it, in
-    this epoch or the next one (``idx_n``; empty when this is the last epoch), else
-    INF.  ``per_rank``: next use by the same rank under the strided split (position
-    p of a batch starting at lo goes to rank (p - lo) % P).  ``last``: int64[B]
-    scratch, INF on entry and on exit.
+    this epoch or in the ``n_future`` epochs that follow (``idx_f``: their indices
+    concatenated, int64[n_future*T], same batch bounds; epoch j starts at step
+    step0 + (j+1)*S), else INF.  ``per_rank``: next use by the same rank under the
+    strided split (position p of a batch starting at lo goes to rank (p - lo) % P).
+    ``last``: int64[B] scratch, INF on entry and on exit.
     """
     n_groups = P if per_rank else 1
     stride = P if per_rank else 1
+    S = bounds.shape[0] - 1
+    T = idx.shape[0]
     for g in range(n_groups):
-        for k in range(bounds_n.shape[0] - 2, -1, -1):
-            for p in range(bounds_n[k] + g, bounds_n[k + 1], stride):
-                smp = idx_n[p]
-                for a in range(sample_ptr[smp], sample_ptr[smp + 1]):
-                    last[sample_blocks[a]] = step0_n + k
-        for k in range(bounds.shape[0] - 2, -1, -1):
+        for j in range(n_future - 1, -1, -1):
+            off = j * T
+            for k in range(S - 1, -1, -1):
+                for p in range(bounds[k] + g, bounds[k + 1], stride):
+                    smp = idx_f[off + p]
+                    for a in range(sample_ptr[smp], sample_ptr[smp + 1]):
+                        last[sample_blocks[a]] = step0 + (j + 1) * S + k
+        for k in range(S - 1, -1, -1):
             for p in range(bounds[k] + g, bounds[k + 1], stride):
                 smp = idx[p]
                 base = sample_ptr[smp]
@@ -469,11 +568,10 @@ def next_use(idx, bounds, step0, idx_n, bounds_n, step0_n, acc_ptr, P, per_rank,
                 smp = idx[p]
                 for a in range(sample_ptr[smp], sample_ptr[smp + 1]):
                     last[sample_blocks[a]] = step0 + k
-        for p in range(idx.shape[0]):
-            smp = idx[p]
-            for a in range(sample_ptr[smp], sample_ptr[smp + 1]):
-                last[sample_blocks[a]] = INF
-        for p in range(idx_n.shape[0]):
-            smp = idx_n[p]
-            for a in range(sample_ptr[smp], sample_ptr[smp + 1]):
-                last[sample_blocks[a]] = INF
+        for j in range(-1, n_future):  # reset what this group touched
+            src = idx if j < 0 else idx_f[j * T:(j + 1) * T]
+            for k in range(S):
+                for p in range(bounds[k] + g, bounds[k + 1], stride):
+                    smp = src[p]
+                    for a in range(sample_ptr[smp], sample_ptr[smp + 1]):
+                        last[sample_blocks[a]] = INF

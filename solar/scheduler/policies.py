@@ -4,19 +4,28 @@
 name           assignment                     eviction         next use known
 =============  =============================  ===============  =========================
 ``torch``      DistributedSampler (strided)   LRU per rank     no
-``nopfs``      DistributedSampler (strided)   Belady per rank  per-rank future
+``nopfs``      DistributedSampler (strided)   Belady per rank  per-rank future, all
+                                                               epochs ahead (memory
+                                                               bound, ``run.py``)
 ``solar2023``  holder-first in the first      FIFO per rank    no
                buffer/global-batch steps of
                an epoch, misses dealt evenly
-``solar``      every step: to the rank that   Belady, global   global future
-               holds the sample's bytes       next use
-``ideal``      one global buffer of P x       Belady           global future
-               budget, no balance constraint
+``solar``      every step: to the rank that   Belady, global   global future,
+               holds the sample's bytes       next use         next epoch
+``ideal``      one global buffer of P x       Belady           global future,
+               budget, no balance constraint                   next epoch
 =============  =============================  ===============  =========================
+
+With uniform reshuffling every sample is used in every epoch, so the next global use
+of a block is always within the next epoch and one epoch of lookahead is exact for
+``solar`` and ``ideal``.  Under the strided split a block returns to the same rank
+only after ~P epochs on average, so ``nopfs`` (which knows its whole seeded access
+stream) looks as far ahead as memory allows.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 from ..errors import SpecError
 from .engine import BELADY, BOUNDARY, FIFO, LRU, ROUTED, STRIDED
@@ -31,11 +40,13 @@ class Policy:
     single_buffer: bool = False
     epoch_order: str = "identity"
     description: str = ""
+    lookahead: Optional[int] = 1  # epochs ahead the next-use computation sees; None: all (memory bound)
 
 
 POLICIES = {
     "torch": Policy("torch", STRIDED, LRU, "none", description="DistributedSampler + per-rank LRU"),
-    "nopfs": Policy("nopfs", STRIDED, BELADY, "rank", description="DistributedSampler + per-rank Belady"),
+    "nopfs": Policy("nopfs", STRIDED, BELADY, "rank", lookahead=None,
+                    description="DistributedSampler + per-rank Belady, seeing the whole future"),
     "solar2023": Policy("solar2023", BOUNDARY, FIFO, "none", epoch_order="greedy",
                         description="SOLAR's published algorithm: boundary reassignment, FIFO, epoch order"),
     "solar": Policy("solar", ROUTED, BELADY, "global", description="ours: routed every step + global Belady"),

@@ -1,4 +1,5 @@
-"""Drive the engine epoch by epoch (streaming: memory bounded by two epochs).
+"""Drive the engine epoch by epoch (streaming: memory bounded by two epochs' indices,
+or by ``LOOKAHEAD_MAX_BYTES`` of future indices for a policy that looks further ahead).
 
 ``run_policy(demand, cfg, policy)`` plays one policy over the whole job and
 returns per-epoch, per-rank counts; with ``on_epoch`` it also hands each epoch's
@@ -7,6 +8,7 @@ schedule writer streams to disk.
 """
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional
 
@@ -16,6 +18,7 @@ from ..errors import SolarError, SpecError
 from . import engine as eg
 from .config import PlanConfig
 from .epoch_order import get_epoch_order
+from .groups import expand, group_demand
 from .policies import Policy, get_policy
 from .sampler import batch_bounds, epoch_indices, sampler_sizes
 
@@ -69,7 +72,9 @@ class EpochPlan:
 
     ``indices`` int64[T] global index (positions), ``rank_of`` int32[T] rank of each
     position, ``count/hits/...`` int64[S, P]; with recording, ``load`` / ``evict``
-    block ids with CSR pointers int64[S*P+1] over (step, rank).
+    layout block ids with CSR pointers int64[S*P+1] over (step, rank).  Hits and
+    misses count layout blocks, bytes are layout bytes, also when the engine planned
+    on groups of blocks (a group's blocks then appear together, ascending).
     """
 
     position: int
@@ -117,6 +122,9 @@ class PolicyResult:
         return 1.0 - sum(m) / sum(d) if sum(d) else 0.0
 
 
+LOOKAHEAD_MAX_BYTES = 256 << 20  # future global indices held for a policy that sees all epochs
+
+
 class BufferTooSmall(SolarError):
     pass
 
@@ -125,10 +133,35 @@ def _next_pow2(x: int) -> int:
     return 1 << max(4, int(x - 1).bit_length())
 
 
+def _planning_units(demand: Demand, group: bool):
+    """``(sample_ptr, sample_blocks, nbytes, stored, count, groups or None)`` the engine plans on
+    (``count``: layout blocks per unit, empty when every unit is one block).
+
+    With ``group``, blocks used by exactly the same samples are merged (:mod:`.groups`);
+    when no two blocks merge, the layout's own arrays are used unchanged.
+    """
+    sp = np.asarray(demand.sample_ptr, dtype=np.int64)
+    sb = np.asarray(demand.sample_blocks, dtype=np.int64)
+    nb = np.asarray(demand.block_nbytes, dtype=np.int64)
+    st = np.asarray(demand.block_stored, dtype=np.int64)
+    ones = np.zeros(0, dtype=np.int64)  # empty: one layout block per unit
+    if not group or sb.size == 0 or int(np.diff(sp).max()) <= 1:  # one block per sample: nothing to merge
+        return sp, sb, nb, st, ones, None
+    g = group_demand(sp, sb, nb, st)
+    if g.n_groups == int(np.count_nonzero(g.group_of >= 0)):
+        return sp, sb, nb, st, ones, None
+    return g.g_sample_ptr, g.g_sample_blocks, g.g_nbytes, g.g_stored, g.g_count, g
+
+
 def run_policy(demand: Demand, cfg: PlanConfig, policy="solar", record: bool = False,
                on_epoch: Optional[Callable[[EpochPlan], None]] = None, progress: bool = False,
-               epoch_order: Optional[str] = None) -> PolicyResult:
-    """Play ``policy`` over all epochs of the job ``cfg`` on ``demand``."""
+               epoch_order: Optional[str] = None, group_blocks: bool = True) -> PolicyResult:
+    """Play ``policy`` over all epochs of the job ``cfg`` on ``demand``.
+
+    With ``group_blocks`` (default) the engine plans on groups of blocks that the
+    same samples use (:mod:`solar.scheduler.groups`); recorded load/evict lists are
+    expanded back to layout block ids and all counts and bytes are in layout blocks.
+    """
     pol: Policy = get_policy(policy) if isinstance(policy, str) else policy
     n = demand.n_samples
     P, b, E = cfg.world_size, cfg.local_batch, cfg.epochs
@@ -149,11 +182,12 @@ def run_policy(demand: Demand, cfg: PlanConfig, policy="solar", record: bool = F
     cap_lo = np.maximum(1, np.ceil(share * (1 - eps) - 1e-9)).astype(np.int64)
     cap_hi = np.floor(share * (1 + eps) + 1e-9).astype(np.int64)
 
-    nb = demand.block_nbytes
-    sp, sb = demand.sample_ptr, demand.sample_blocks
-    sample_bytes = np.add.reduceat(nb[sb], sp[:-1]) if sb.size else np.zeros(n, np.int64)
+    sp, sb, nb, stored_nb, unit_count, groups = _planning_units(demand, group_blocks)
+    n_units = int(nb.shape[0])
+    csum = np.concatenate(([0], np.cumsum(nb[sb])))
+    sample_bytes = csum[sp[1:]] - csum[sp[:-1]]  # int64[N] (a sample may have no block)
     min_nb = int(nb[nb > 0].min()) if (nb > 0).any() else 1
-    max_res = min(demand.n_blocks, budget // min_nb + 1)
+    max_res = min(n_units, budget // min_nb + 1)
     max_blocks_sample = int(np.diff(sp).max())
     step_blocks = int(cap_hi.max()) * max_blocks_sample
     perms = [epoch_indices(n, P, cfg.seed, t, cfg.drop_last) for t in range(E)] if (
@@ -163,10 +197,15 @@ def run_policy(demand: Demand, cfg: PlanConfig, policy="solar", record: bool = F
     order = get_epoch_order(epoch_order or pol.epoch_order)(perms, cache_samples) if perms is not None \
         else np.arange(E, dtype=np.int64)
     boundary_steps = cache_samples // (P * b)
+    # epochs ahead whose accesses the next-use computation sees (memory: that many indices)
+    lookahead = 0
+    if pol.next_use != "none":
+        cap = max(1, LOOKAHEAD_MAX_BYTES // max(1, 8 * total))
+        lookahead = max(1, min(E - 1, cap if pol.lookahead is None else int(pol.lookahead), cap))
 
     # engine state
     acc_max = int(np.diff(sp).max()) * total
-    live_max = min(P_eng * max_res, P_eng * demand.n_blocks)
+    live_max = min(P_eng * max_res, P_eng * n_units)
     tsize = _next_pow2(int((2 * live_max + acc_max + 64) / 0.6))
     keys = np.full(tsize, eg.EMPTY, dtype=np.int64)
     prio = np.zeros(tsize, dtype=np.int64)
@@ -176,37 +215,40 @@ def run_policy(demand: Demand, cfg: PlanConfig, policy="solar", record: bool = F
     hbk = np.zeros((P_eng, heap_cap), dtype=np.int64)
     hn = np.zeros(P_eng, dtype=np.int64)
     res_bytes = np.zeros(P_eng, dtype=np.int64)
-    owner = np.full(demand.n_blocks, -1, dtype=np.int32)
-    stamp = np.full(demand.n_blocks, -1, dtype=np.int64)
+    owner = np.full(n_units, -1, dtype=np.int32)
+    stamp = np.full(n_units, -1, dtype=np.int64)
     n_res = np.zeros(2, dtype=np.int64)
-    last = np.full(demand.n_blocks, eg.INF, dtype=np.int64)
+    last = np.full(n_units, eg.INF, dtype=np.int64)
     err = np.zeros(4, dtype=np.int64)
-    due = np.zeros((P_eng, 2 * S + 1), dtype=np.int64)
+    R = (lookahead + 1) * S + 1 if pol.mode == eg.ROUTED else 1  # next uses lie within R - 1 steps
+    due = np.zeros((R, P_eng), dtype=np.int64)  # [step % R, rank]: see engine.run_epoch
 
     result = PolicyResult(pol.name, [int(x) for x in order])
-    idx_next = (perms[order[0]] if perms is not None else epoch_indices(n, P, cfg.seed, int(order[0]),
-                                                                         cfg.drop_last))
+
+    def source(pos: int) -> np.ndarray:  # the global index trained at epoch position pos
+        return perms[order[pos]] if perms is not None else epoch_indices(n, P, cfg.seed, int(order[pos]),
+                                                                         cfg.drop_last)
+
+    window = deque([source(0)])  # indices of epoch positions e .. e + lookahead
     empty = np.zeros(0, dtype=np.int64)
     it = range(E)
     if progress:
         from tqdm import tqdm
         it = tqdm(it, desc=f"plan {pol.name}", unit="epoch", leave=False)
     for e in it:
-        idx = idx_next
-        if e + 1 < E:
-            idx_next = perms[order[e + 1]] if perms is not None else epoch_indices(
-                n, P, cfg.seed, int(order[e + 1]), cfg.drop_last)
-        else:
-            idx_next = empty
+        while len(window) < lookahead + 1 and e + len(window) < E:
+            window.append(source(e + len(window)))
+        idx = window[0]
+        future = list(window)[1:]
+        idx_f = future[0] if len(future) == 1 else (np.concatenate(future) if future else empty)
         step0 = e * S
         counts = np.diff(sp)[idx]
         acc_ptr = np.zeros(total + 1, dtype=np.int64)
         np.cumsum(counts, out=acc_ptr[1:])
         nu = np.full(int(acc_ptr[-1]), eg.INF, dtype=np.int64)
         if pol.next_use != "none":
-            nb_next = bounds if idx_next.size else np.zeros(1, dtype=np.int64)
-            eg.next_use(idx, bounds, step0, idx_next, nb_next, step0 + S, acc_ptr, P,
-                        pol.next_use == "rank", sp, sb, last, nu)
+            eg.next_use(idx, bounds, step0, idx_f, len(future), acc_ptr, P, pol.next_use == "rank", sp, sb,
+                        last, nu)
         rank_of = np.empty(total, dtype=np.int32)
         shape = (S, P_eng)
         st = [np.zeros(shape, dtype=np.int64) for _ in range(6)]
@@ -220,7 +262,7 @@ def run_policy(demand: Demand, cfg: PlanConfig, policy="solar", record: bool = F
         err[:] = 0
         n_load, n_evict = eg.run_epoch(
             idx, bounds, acc_ptr, nu, step0, P_eng, cap_lo, cap_hi, share, pol.mode, pol.evict, budget,
-            boundary_steps, sp, sb, nb, demand.block_stored, keys, prio, used, hk, hbk, hn, res_bytes, owner,
+            boundary_steps, sp, sb, nb, stored_nb, unit_count, keys, prio, used, hk, hbk, hn, res_bytes, owner,
             stamp, n_res, rank_of, *st, record, load, load_ptr, evict, evict_ptr, err, due, max_blocks_sample)
         if err[0] == eg.TOO_SMALL:
             raise BufferTooSmall(
@@ -243,10 +285,14 @@ def run_policy(demand: Demand, cfg: PlanConfig, policy="solar", record: bool = F
             result.min_local_batch.append(int(count.min()))
         result.rank_miss_bytes.append(miss_bytes.sum(axis=0))
         if on_epoch is not None:
+            lists = (None, None, None, None)
+            if record:
+                lists = (load[:n_load], load_ptr, evict[:n_evict], evict_ptr)
+                if groups is not None:  # back to layout block ids
+                    lists = (*expand(lists[0], lists[1], groups.group_ptr, groups.group_blocks),
+                             *expand(lists[2], lists[3], groups.group_ptr, groups.group_blocks))
             on_epoch(EpochPlan(e, int(order[e]), step0, idx, bounds, rank_of, count, hits, hit_bytes, misses,
-                               miss_bytes, stored, demand_bytes,
-                               load[:n_load] if record else None, load_ptr if record else None,
-                               evict[:n_evict] if record else None, evict_ptr if record else None))
+                               miss_bytes, stored, demand_bytes, *lists))
         # drop tombstones between epochs
         if n_res[1] > 0:
             nk = np.full(tsize, eg.EMPTY, dtype=np.int64)
@@ -255,4 +301,7 @@ def run_policy(demand: Demand, cfg: PlanConfig, policy="solar", record: bool = F
             eg.ht_rebuild(keys, prio, used, nk, npr, nus)
             keys, prio, used = nk, npr, nus
             n_res[1] = 0
+        window.popleft()
+        if not window and e + 1 < E:
+            window.append(source(e + 1))
     return result

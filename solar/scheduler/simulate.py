@@ -18,14 +18,18 @@ def dataset_bytes(demand: Demand) -> int:
 
 def simulate(demand: Demand, world_size: int, local_batch: int, epochs: int, buffer_bytes: int, seed: int = 0,
              drop_last: bool = False, epsilon: float = 0.0, policies: Iterable[str] = tuple(POLICIES),
-             progress: bool = False) -> Dict[str, dict]:
-    """Run each policy on the same job; JSON-ready dict per policy."""
+             progress: bool = False, group_blocks: bool = True) -> Dict[str, dict]:
+    """Run each policy on the same job; JSON-ready dict per policy.
+
+    ``group_blocks``: plan blocks that the same samples use as one unit (see
+    :mod:`solar.scheduler.groups`); False plans every layout block on its own.
+    """
     cfg = PlanConfig(world_size, local_batch, epochs, int(buffer_bytes), seed=seed, drop_last=drop_last,
                      epsilon=epsilon)
     out = {}
     for name in policies:
         try:
-            r = run_policy(demand, cfg, name, progress=progress)
+            r = run_policy(demand, cfg, name, progress=progress, group_blocks=group_blocks)
         except BufferTooSmall as exc:  # e.g. solar2023's appended misses outgrow a tight buffer
             out[name] = {"error": str(exc)}
             continue
