@@ -21,7 +21,7 @@ import numpy as np
 
 from ..errors import DecodeError
 from .block_plan import chunk_where
-from .reader import BlockReader, ReadStats, register
+from .reader import BlockReader, ReadStats, mpi4py_missing, register
 
 
 def _first_line(exc: BaseException) -> str:
@@ -108,11 +108,8 @@ class H5pyMpioReader(H5pyReader):
         # registered_drivers() can list 'mpio' even when h5py itself was built without MPI
         if "mpio" not in h5py.registered_drivers() or not h5py.get_config().mpi:
             return False, "this h5py is not built with parallel HDF5 (no usable 'mpio' driver; PyPI wheels have none)"
-        try:
-            from mpi4py import MPI  # noqa: F401
-        except ImportError as exc:
-            return False, f"mpi4py cannot be imported ({exc})"
-        return True, ""
+        why = mpi4py_missing()
+        return not why, why
 
     def __init__(self, layout, *, comm=None, threads: int = 4, **options):
         super().__init__(layout, comm=comm, threads=threads, **options)

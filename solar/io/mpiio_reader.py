@@ -35,7 +35,7 @@ from .block_plan import (
     short_read_error,
 )
 from .coalesce import CoalescePolicy
-from .reader import BlockReader, ReadStats, register
+from .reader import BlockReader, ReadStats, mpi4py_missing, register
 
 _INT_MAX = 2**31 - 1
 
@@ -53,11 +53,8 @@ class MpiioReader(BlockReader):
 
     @classmethod
     def available(cls):
-        try:
-            from mpi4py import MPI  # noqa: F401
-        except ImportError as exc:
-            return False, f"mpi4py cannot be imported ({exc})"
-        return True, ""
+        why = mpi4py_missing()
+        return not why, why
 
     def __init__(self, layout, *, comm=None, threads: int = 4, **options):
         super().__init__(layout, comm=comm, threads=threads, **options)

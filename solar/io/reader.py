@@ -151,6 +151,15 @@ class BlockReader(abc.ABC):
 
 
 # ---------------------------------------------------------------- checks
+def mpi4py_missing() -> str:
+    """Why mpi4py cannot be used here ('' when it can)."""
+    try:
+        from mpi4py import MPI  # noqa: F401
+    except ImportError as exc:
+        return f"mpi4py cannot be imported ({exc})"
+    return ""
+
+
 def check_raw(layout, reader_name: str) -> None:
     """SpecError naming the first dataset that a raw reader cannot serve, and why."""
     for info in layout.datasets:

@@ -126,6 +126,17 @@ def heap_compact(hk, hb, hn, r, keys, prio, n_blocks):
 
 
 @nb.njit
+def heap_push_room(hk, hb, hn, r, key, blk, keys, prio, n_blocks, heap_cap):
+    """Push onto rank r's heap, compacting stale entries first when it is full; False if still full."""
+    if hn[r] >= heap_cap:
+        heap_compact(hk, hb, hn, r, keys, prio, n_blocks)
+        if hn[r] >= heap_cap:
+            return False
+    heap_push(hk, hb, hn, r, key, blk)
+    return True
+
+
+@nb.njit
 def _rr_next(ptr, P, cnt, limit):
     """Next rank (round robin from ptr[0]) with cnt < limit[rank]; -1 if none."""
     for _ in range(P):
@@ -485,14 +496,11 @@ def run_epoch(idx, bounds, acc_ptr, nu, step0, P, cap_lo, cap_hi, target, mode, 
                                     if prio[h2] > s:
                                         due[prio[h2] % due.shape[0], o] -= 1
                                     prio[h2] = INF
-                                    if hn[o] >= heap_cap:
-                                        heap_compact(hk, hb, hn, o, keys, prio, n_blocks)
-                                        if hn[o] >= heap_cap:
-                                            err[0] = HEAP_FULL
-                                            err[1] = s
-                                            err[2] = o
-                                            return n_load, n_evict
-                                    heap_push(hk, hb, hn, o, INF, blk)
+                                    if not heap_push_room(hk, hb, hn, o, INF, blk, keys, prio, n_blocks, heap_cap):
+                                        err[0] = HEAP_FULL
+                                        err[1] = s
+                                        err[2] = o
+                                        return n_load, n_evict
                             owner[blk] = r
                         if newp < INF:
                             slot = newp % due.shape[0]
@@ -509,14 +517,11 @@ def run_epoch(idx, bounds, acc_ptr, nu, step0, P, cap_lo, cap_hi, target, mode, 
                 if prio[h] == newp:
                     continue
                 prio[h] = newp
-                if hn[r] >= heap_cap:
-                    heap_compact(hk, hb, hn, r, keys, prio, n_blocks)
-                    if hn[r] >= heap_cap:
-                        err[0] = HEAP_FULL
-                        err[1] = s
-                        err[2] = r
-                        return n_load, n_evict
-                heap_push(hk, hb, hn, r, newp, blk)
+                if not heap_push_room(hk, hb, hn, r, newp, blk, keys, prio, n_blocks, heap_cap):
+                    err[0] = HEAP_FULL
+                    err[1] = s
+                    err[2] = r
+                    return n_load, n_evict
             if record:
                 load_ptr[k * P + r + 1] = n_load
                 evict_ptr[k * P + r + 1] = n_evict
