@@ -20,7 +20,12 @@ setup(
     extras_require={
         "mpich": ["mpich"],  # MPI from PyPI; on clusters use the site MPI instead
         "plot": ["matplotlib>=3.5"],
-        "test": ["pytest>=7", "hypothesis>=6", "matplotlib>=3.5"],
+        # faster gzip inflate (libdeflate), used automatically when installed; stdlib zlib otherwise
+        "fast": ["deflate>=0.9; python_version >= '3.10'", "isal>=1.6; python_version < '3.10'"],
+        # raw decoding of hdf5plugin's Blosc, LZ4, Bitshuffle and Zstd filters (else h5py reads them)
+        "codecs": ["numcodecs>=0.12"],
+        "test": ["pytest>=7", "hypothesis>=6", "matplotlib>=3.5", "numcodecs>=0.12", "hdf5plugin>=4.0",
+                 "deflate>=0.9; python_version >= '3.10'"],
     },
     entry_points={"console_scripts": ["solar=solar.cli:main"]},
 )

@@ -2,19 +2,26 @@
 
 A pipeline is a tuple of :class:`Filter` in *write* order; decoding runs it in
 reverse, skipping filters whose bit is set in the chunk's ``filter_mask``.
-zlib and the numba LZF decoder release the GIL, so reader threads scale.
+Every decoder releases the GIL (inflate: the fastest of libdeflate, ISA-L,
+zlib-ng installed, else zlib, see :mod:`.inflate`; LZF, Fletcher-32: numba;
+plugin filters: :mod:`.codecs`), so reader threads scale.  ``decode_chunk(...,
+out=)`` decodes the last stage straight into the caller's slot.
 
-Registry: :data:`DECODERS` maps HDF5 filter ids to decoders; :func:`filter_name`
-names any id, known or not, for error messages.
+Registry: :data:`DECODERS` maps HDF5 filter ids to decoders (plugin filters only
+when numcodecs, the ``codecs`` extra, is installed); :func:`decodable` says
+whether one filter's chunks can be decoded; :func:`filter_name` names any id,
+known or not, for error messages.
 """
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass
 from typing import Tuple
 
+import numba
 import numpy as np
 
+from .codecs import BLOSC, blosc_compressor_ok, dest, place, plugin_decoders
+from .inflate import BACKENDS, inflate
 from .lzf import lzf_decompress
 
 DEFLATE, SHUFFLE, FLETCHER32, SZIP, NBIT, SCALEOFFSET = 1, 2, 3, 4, 5, 6
@@ -45,98 +52,163 @@ def filter_name(fid: int) -> str:
     return KNOWN_NAMES.get(int(fid), f"filter#{int(fid)}")
 
 
-def _unshuffle(buf: np.ndarray, itemsize: int) -> np.ndarray:
-    """Inverse of HDF5's byte shuffle: byte planes back to interleaved elements."""
-    if itemsize <= 1:
-        return buf
-    n = buf.shape[0] // itemsize
-    body = buf[: n * itemsize].reshape(itemsize, n).T.reshape(-1)  # (itemsize, n) -> (n, itemsize)
-    if n * itemsize == buf.shape[0]:
-        return body
-    return np.concatenate([body, buf[n * itemsize:]])
+def _unshuffle(buf: np.ndarray, itemsize: int, out=None) -> np.ndarray:
+    """Inverse of HDF5's byte shuffle: byte planes back to interleaved elements.
 
-
-def fletcher32(data: np.ndarray) -> int:
-    """HDF5's Fletcher-32 over 16-bit big-endian words (odd last byte padded).
-
-    The reference folds its sums modulo 65535 as it goes (a nonzero sum never
-    folds to 0); reducing modulo 65535 once, with 0 -> 65535 for nonzero input,
-    gives the same value.
+    ``buf``: uint8[n]; writes into ``out`` (uint8[n]) when given, else returns
+    ``buf`` itself (itemsize 1) or a new array.
     """
-    b = np.asarray(data, dtype=np.uint8)
-    n = b.shape[0]
-    words = (b[: n - n % 2 : 2].astype(np.uint64) << np.uint64(8)) | b[1 : n - n % 2 : 2].astype(np.uint64)
-    if n % 2:
-        words = np.append(words, np.uint64(int(b[-1]) << 8))
-    if not words.size or not words.any():
+    if itemsize <= 1:
+        if out is None:
+            return buf
+        out[:] = buf
+        return out
+    n = buf.shape[0] // itemsize
+    dst = dest(buf.shape[0], out)
+    body = n * itemsize
+    dst[:body].reshape(n, itemsize)[...] = buf[:body].reshape(itemsize, n).T  # (itemsize, n) -> (n, itemsize)
+    dst[body:] = buf[body:]
+    return dst
+
+
+@numba.njit(nogil=True, cache=True)
+def _fletcher32_sums(b):
+    """HDF5's Fletcher-32 sums of uint8[n] ``b`` as 16-bit big-endian words
+    (an odd last byte is the high byte of a last word): ``(s1, s2, nonzero)``,
+    each sum modulo 65535.  int64 sums reduced every 2**20 words cannot overflow."""
+    n_words = b.shape[0] // 2
+    s1 = np.int64(0)
+    s2 = np.int64(0)
+    nonzero = np.int64(0)
+    start = 0
+    while start < n_words:
+        stop = min(n_words, start + (1 << 20))
+        for k in range(start, stop):
+            w = np.int64(b[2 * k]) * 256 + np.int64(b[2 * k + 1])
+            nonzero |= w
+            s1 += w
+            s2 += s1
+        s1 %= 65535
+        s2 %= 65535
+        start = stop
+    if b.shape[0] % 2:
+        w = np.int64(b[b.shape[0] - 1]) * 256
+        nonzero |= w
+        s1 = (s1 + w) % 65535
+        s2 = (s2 + s1) % 65535
+    return s1, s2, nonzero != 0
+
+
+def fletcher32(data) -> int:
+    """HDF5's Fletcher-32 of a bytes-like ``data`` (uint8[n]).
+
+    The reference folds its sums modulo 65535 as it goes, and a nonzero sum never
+    folds to 0: so each half is the sum modulo 65535, with 0 -> 65535 for
+    nonzero input (e.g. all 0xFF bytes).
+    """
+    s1, s2, nonzero = _fletcher32_sums(np.frombuffer(data, dtype=np.uint8))
+    if not nonzero:
         return 0
-    running = np.cumsum(words % np.uint64(65535), dtype=np.uint64) % np.uint64(65535)
-    s1 = int(running[-1]) or 65535
-    s2 = int(np.sum(running, dtype=np.uint64) % np.uint64(65535)) or 65535
-    return (s2 << 16) | s1
+    return ((int(s2) or 65535) << 16) | (int(s1) or 65535)
 
 
-def _decode_deflate(buf, f: Filter, out_nbytes: int, itemsize: int):
-    return np.frombuffer(zlib.decompress(buf.tobytes() if isinstance(buf, np.ndarray) else buf), dtype=np.uint8)
+def _decode_deflate(buf, f: Filter, nbytes, itemsize: int, out=None):
+    if nbytes is None:  # after another compressor (exotic): only zlib can inflate without a size
+        return place(BACKENDS["zlib"](buf, 0), None)
+    return place(inflate(buf, nbytes), nbytes, out)
 
 
-def _decode_shuffle(buf, f: Filter, out_nbytes: int, itemsize: int):
+def _decode_shuffle(buf, f: Filter, nbytes, itemsize: int, out=None):
     size = f.values[0] if f.values else itemsize
-    return _unshuffle(np.frombuffer(buf, dtype=np.uint8), int(size))
+    if nbytes is not None and buf.shape[0] != nbytes:
+        raise ValueError(f"shuffled chunk has {buf.shape[0]} bytes, expected {nbytes}")
+    return _unshuffle(buf, int(size), out)
 
 
-def _decode_lzf(buf, f: Filter, out_nbytes: int, itemsize: int):
-    return lzf_decompress(buf, out_nbytes)
+def _decode_lzf(buf, f: Filter, nbytes, itemsize: int, out=None):
+    if nbytes is None:
+        raise ValueError("LZF applied after another compressor is not supported (its output size is unknown)")
+    return lzf_decompress(buf, nbytes, out)
 
 
-def _decode_fletcher32(buf, f: Filter, out_nbytes: int, itemsize: int):
-    b = np.frombuffer(buf, dtype=np.uint8)
-    if b.shape[0] < 4:
+def _decode_fletcher32(buf, f: Filter, nbytes, itemsize: int, out=None):
+    if buf.shape[0] < 4:
         raise ValueError("chunk too short for its Fletcher-32 checksum")
-    body, stored = b[:-4], int.from_bytes(b[-4:].tobytes(), "little")
+    body, stored = buf[:-4], int.from_bytes(buf[-4:].tobytes(), "little")
     if fletcher32(body) != stored:
         raise ValueError("Fletcher-32 checksum mismatch")
-    return body
+    return place(body, nbytes, out)
 
 
+#: HDF5 filter id -> decoder ``(buf uint8[n], filter, nbytes, itemsize, out=None) -> uint8[nbytes]``
+#: (``nbytes`` None: the stage's decoded size is not known), for the filters whose decoder is
+#: importable (plugin filters need the ``codecs`` extra).
 DECODERS = {
     DEFLATE: _decode_deflate,
     SHUFFLE: _decode_shuffle,
     LZF: _decode_lzf,
     FLETCHER32: _decode_fletcher32,
+    **plugin_decoders(),
 }
+
+
+def decodable(f: Filter) -> bool:
+    """Whether solar can decode chunks written by filter ``f`` (id and, for Blosc, its compressor)."""
+    if f.id not in DECODERS:
+        return False
+    return f.id != BLOSC or blosc_compressor_ok(f)
 
 
 def can_decode(pipeline) -> Tuple[bool, str]:
     """Whether every filter of ``pipeline`` has a raw decoder; else the reason."""
-    bad = [f.name for f in pipeline if f.id not in DECODERS]
+    bad = [f.name for f in pipeline if not decodable(f)]
     if bad:
         return False, f"filter {', '.join(bad)} has no raw decoder in solar"
     return True, ""
 
 
-def decode_chunk(raw, pipeline, filter_mask: int, out_nbytes: int, itemsize: int) -> np.ndarray:
-    """Run ``pipeline`` backwards over ``raw``; returns ``out_nbytes`` uint8 bytes.
+def _stage_sizes(pipeline, active, out_nbytes: int):
+    """Decoded size of each active stage (filter index -> bytes, or None when unknown):
+    the chunk's, plus 4 for every Fletcher-32 applied before it on write (lower index),
+    unknown once a compressor was applied before it."""
+    sizes, nbytes = {}, out_nbytes
+    for i in active:
+        sizes[i] = nbytes
+        if pipeline[i].id == FLETCHER32 and nbytes is not None:
+            nbytes += 4
+        elif pipeline[i].id not in (FLETCHER32, SHUFFLE):
+            nbytes = None
+    return sizes
+
+
+def decode_chunk(raw, pipeline, filter_mask: int, out_nbytes: int, itemsize: int, out=None) -> np.ndarray:
+    """Run ``pipeline`` backwards over ``raw`` (bytes-like); returns ``out_nbytes`` uint8 bytes.
+
+    ``out``: optional writable C-contiguous uint8 array of ``out_nbytes``; the
+    last stage decodes straight into it and it is returned.  Without it the
+    result may be a read-only view of a decoder's buffer.
 
     Raises ``ValueError`` (with the failing filter's name) on corrupt input;
     callers add the file, dataset and chunk to the message.
     """
-    buf = raw
-    for i in range(len(pipeline) - 1, -1, -1):
-        if filter_mask & (1 << i):
-            continue
+    if out is not None and (out.dtype != np.uint8 or out.shape != (out_nbytes,)
+                            or not (out.flags.c_contiguous and out.flags.writeable)):
+        raise ValueError(f"out must be a writable contiguous uint8[{out_nbytes}], got {out.dtype}{list(out.shape)}")
+    buf = np.frombuffer(raw, dtype=np.uint8)
+    active = [i for i in range(len(pipeline)) if not filter_mask & (1 << i)]
+    sizes = _stage_sizes(pipeline, active, out_nbytes)
+    for i in reversed(active):
         f = pipeline[i]
         try:
             dec = DECODERS[f.id]
         except KeyError:
             raise ValueError(f"no decoder for HDF5 filter {f.name} (id {f.id})") from None
-        # The last stage to run knows the exact output size; inner stages do not
-        # change the size except deflate/lzf/fletcher32, which carry their own.
         try:
-            buf = dec(buf, f, out_nbytes, itemsize)
-        except (zlib.error, ValueError) as exc:
+            buf = dec(buf, f, sizes[i], itemsize, out if i == active[0] else None)
+        except ValueError as exc:
             raise ValueError(f"{f.name} decode failed: {exc}") from None
-    out = np.frombuffer(buf, dtype=np.uint8) if not isinstance(buf, np.ndarray) else buf
-    if out.shape[0] != out_nbytes:
-        raise ValueError(f"decoded {out.shape[0]} bytes, expected {out_nbytes}")
-    return out
+    if buf.shape[0] != out_nbytes:
+        raise ValueError(f"decoded {buf.shape[0]} bytes, expected {out_nbytes}")
+    if out is not None and buf is not out:  # every stage masked: the chunk is stored as is
+        return place(buf, out_nbytes, out)
+    return buf

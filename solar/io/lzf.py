@@ -48,10 +48,14 @@ def _lzf_decode(src, dst):
     return op
 
 
-def lzf_decompress(data, out_nbytes: int) -> np.ndarray:
-    """Decompress an LZF stream that decodes to exactly ``out_nbytes`` bytes."""
+def lzf_decompress(data, out_nbytes: int, out=None) -> np.ndarray:
+    """Decompress an LZF stream that decodes to exactly ``out_nbytes`` bytes.
+
+    ``out``: optional writable uint8 array of ``out_nbytes`` to decode into
+    (returned); else a new one is allocated.
+    """
     src = np.frombuffer(data, dtype=np.uint8)
-    dst = np.empty(out_nbytes, dtype=np.uint8)
+    dst = np.empty(out_nbytes, dtype=np.uint8) if out is None else out
     n = _lzf_decode(src, dst)
     if n != out_nbytes:
         raise ValueError(f"corrupt LZF stream (decoded {n} bytes, expected {out_nbytes})")

@@ -36,12 +36,12 @@ OK, TOO_SMALL, HEAP_FULL, OUT_FULL, TABLE_FULL = 0, 1, 2, 3, 4
 _GOLD = np.uint64(11400714819323198485)
 
 
-@nb.njit(inline="always")
+@nb.njit(inline="always", cache=True)
 def _slot(key, mask):
     return np.int64((np.uint64(key) * _GOLD) >> np.uint64(24)) & mask  # wraps mod 2**64 by design
 
 
-@nb.njit
+@nb.njit(cache=True)
 def ht_find(keys, key):
     mask = keys.shape[0] - 1
     h = _slot(key, mask)
@@ -54,7 +54,7 @@ def ht_find(keys, key):
         h = (h + 1) & mask
 
 
-@nb.njit
+@nb.njit(cache=True)
 def ht_insert(keys, key):
     """Slot for a key known to be absent; ``-slot-1`` when it reused a tombstone."""
     mask = keys.shape[0] - 1
@@ -66,7 +66,7 @@ def ht_insert(keys, key):
     return -h - 1 if was_tomb else h
 
 
-@nb.njit
+@nb.njit(cache=True)
 def heap_push(hk, hb, hn, r, key, blk):
     i = hn[r]
     hn[r] = i + 1
@@ -81,7 +81,7 @@ def heap_push(hk, hb, hn, r, key, blk):
     hb[r, i] = blk
 
 
-@nb.njit
+@nb.njit(cache=True)
 def heap_pop(hk, hb, hn, r):
     key = hk[r, 0]
     blk = hb[r, 0]
@@ -107,7 +107,7 @@ def heap_pop(hk, hb, hn, r):
     return key, blk
 
 
-@nb.njit
+@nb.njit(cache=True)
 def heap_compact(hk, hb, hn, r, keys, prio, n_blocks):
     """Drop stale entries of rank r's heap and re-heapify."""
     m = 0
@@ -125,7 +125,7 @@ def heap_compact(hk, hb, hn, r, keys, prio, n_blocks):
         heap_push(hk, hb, hn, r, tk[i], tb[i])
 
 
-@nb.njit
+@nb.njit(cache=True)
 def heap_push_room(hk, hb, hn, r, key, blk, keys, prio, n_blocks, heap_cap):
     """Push onto rank r's heap, compacting stale entries first when it is full; False if still full."""
     if hn[r] >= heap_cap:
@@ -136,7 +136,7 @@ def heap_push_room(hk, hb, hn, r, key, blk, keys, prio, n_blocks, heap_cap):
     return True
 
 
-@nb.njit
+@nb.njit(cache=True)
 def _rr_next(ptr, P, cnt, limit):
     """Next rank (round robin from ptr[0]) with cnt < limit[rank]; -1 if none."""
     for _ in range(P):
@@ -147,7 +147,7 @@ def _rr_next(ptr, P, cnt, limit):
     return -1
 
 
-@nb.njit
+@nb.njit(cache=True)
 def _least_due_pick(ptr, P, cnt, limit, due, slot, cap_t):
     """Among ranks with a free slot, one holding the fewest blocks due at ring slot ``slot``,
     if fewer than ``cap_t`` (the first such in round-robin order from ``ptr``); else any free rank."""
@@ -165,7 +165,7 @@ def _least_due_pick(ptr, P, cnt, limit, due, slot, cap_t):
     return _rr_next(ptr, P, cnt, limit)
 
 
-@nb.njit
+@nb.njit(cache=True)
 def run_epoch(idx, bounds, acc_ptr, nu, step0, P, cap_lo, cap_hi, target, mode, evict_kind, budget,
               boundary_steps, sample_ptr, sample_blocks, block_nbytes, block_stored, block_count,
               keys, prio, used, hk, hb, hn, res_bytes, owner, stamp, n_res,
@@ -530,7 +530,7 @@ def run_epoch(idx, bounds, acc_ptr, nu, step0, P, cap_lo, cap_hi, target, mode, 
     return n_load, n_evict
 
 
-@nb.njit
+@nb.njit(cache=True)
 def ht_rebuild(keys, prio, used, new_keys, new_prio, new_used):
     """Copy live entries into fresh (EMPTY-filled) arrays, dropping tombstones."""
     for i in range(keys.shape[0]):
@@ -540,7 +540,7 @@ def ht_rebuild(keys, prio, used, new_keys, new_prio, new_used):
             new_used[h] = used[i]
 
 
-@nb.njit
+@nb.njit(cache=True)
 def next_use(idx, bounds, step0, idx_f, n_future, acc_ptr, P, per_rank, sample_ptr, sample_blocks, last, nu):
     """Fill ``nu`` (int64[A], aligned with ``acc_ptr``) with each access's next use step.
 
