@@ -1,10 +1,11 @@
 """Readers through HDF5 itself, for datasets whose filters only HDF5 decodes.
 
-``h5py``: plain serial h5py.  Files are opened read-only (``locking=False``)
-on first use in the calling process and reopened after a fork, never shared
-across processes.  Each block is the region ``ds[origin : origin+block_shape]``
-clipped to the dataset extent, read with ``read_direct`` into the block-shaped
-view of the caller's array; the part outside the extent is zeros.
+``h5py``: plain serial h5py.  Files are opened read-only (locking off, see
+:func:`solar.io.h5open.open_readonly`) on first use in the calling process
+and reopened after a fork, never shared across processes.  Each block is the
+region ``ds[origin : origin+block_shape]`` clipped to the dataset extent, read
+with ``read_direct`` into the block-shaped view of the caller's array; the part
+outside the extent is zeros.
 
 ``h5py-mpio``: the same through parallel HDF5 (``driver="mpio"``).  Opening and
 closing files are collective over ``comm`` (every file is opened at
@@ -21,6 +22,7 @@ import numpy as np
 
 from ..errors import DecodeError
 from .block_plan import chunk_where
+from .h5open import open_readonly
 from .reader import BlockReader, ReadStats, mpi4py_missing, register
 
 
@@ -45,7 +47,7 @@ class H5pyReader(BlockReader):
         self._pid = os.getpid()
 
     def _open(self, path: str) -> h5py.File:
-        return h5py.File(path, "r", locking=False)
+        return open_readonly(path)
 
     def _dataset(self, d: int):
         if os.getpid() != self._pid:  # forked: HDF5 handles of the parent are not ours to use
@@ -123,4 +125,5 @@ class H5pyMpioReader(H5pyReader):
                 raise DecodeError(f"cannot open {p} with h5py (mpio): {_first_line(exc)}") from None
 
     def _open(self, path: str) -> h5py.File:
+        # no locking retry (open_readonly): a collective open must be the same call on every rank
         return h5py.File(path, "r", driver="mpio", comm=self.comm, locking=False)

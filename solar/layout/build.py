@@ -5,31 +5,88 @@ import fnmatch
 import hashlib
 import json
 import os
-from typing import List
+from typing import Dict, List, Tuple
 
 import h5py
 import numpy as np
 
 from ..errors import LayoutError
+from ..io.h5open import follow, open_readonly
 from .blocks import chunk_grid, field_chunk_lists, merge_fields, virtual_chunks
 from .h5meta import DatasetInfo, read_dataset_info
 from .layout import Layout
+from .limits import check_layout_size
 from .sources import Source
 from .spec import LayoutSpec
 
 
+_LOOKUP_ERRORS = (KeyError, OSError, ValueError, TypeError, RuntimeError)
+MAX_NAMED = 6
+"""Files named per dtype / shape in a consistency error before "and N more"."""
+
+
 def open_h5(path: str) -> h5py.File:
-    """Open read-only with file locking off; a clear error if it is not HDF5."""
+    """Open read-only (see :func:`solar.io.h5open.open_readonly`); a clear error if it is not HDF5."""
     if not os.path.exists(path):
         raise LayoutError(f"file not found: {path}")
     try:
-        return h5py.File(path, "r", locking=False)
+        return open_readonly(path)
     except OSError as exc:
         raise LayoutError(f"cannot open {path} as HDF5: {str(exc).splitlines()[0]}") from None
 
 
 def _where(path: str, name: str) -> str:
     return f"{os.path.basename(path)}:/{name.lstrip('/')}"
+
+
+def _file_key(path: str) -> Tuple[int, int]:
+    """``(device, inode)``: one key per file however its path is spelled."""
+    st = os.stat(path)
+    return st.st_dev, st.st_ino
+
+
+def _follow(h5f: h5py.File, name: str, where: str):
+    """The object at ``name``, following soft and external links; None if there is none.
+
+    A LayoutError if ``name`` is an external link HDF5 cannot follow (missing file or target).
+    """
+    try:
+        return follow(h5f, name)
+    except _LOOKUP_ERRORS:
+        pass
+    try:
+        link = h5f.get(name, getlink=True)
+    except _LOOKUP_ERRORS:
+        link = None
+    if isinstance(link, h5py.ExternalLink):
+        raise LayoutError(f"{where} is an external link to {link.filename}:{link.path}, which cannot be opened "
+                          f"(missing file or dataset; HDF5 looks next to {os.path.basename(h5f.filename)} "
+                          f"and in the current folder)")
+    return None
+
+
+def _name_in_own_file(obj: h5py.Dataset, where: str) -> str:
+    """A path of dataset ``obj`` inside the file that holds it (``obj.file``).
+
+    ``obj.name`` is the path HDF5 walked, which may not exist in that file (a soft
+    link to an external link); then the file is searched for the same object.
+    """
+    own = obj.file
+    if obj.name and obj.name in own and own[obj.name] == obj:
+        return obj.name
+    found = own.visititems(lambda n, o: n if o == obj else None)
+    if found is None:
+        raise LayoutError(f"{where} links to a dataset of {own.filename} that has no path there")
+    return "/" + found
+
+
+def _describe(groups: Dict[str, List[str]]) -> str:
+    """``"uint8 in a.h5, c.h5; float32 in b.h5"`` from ``{value: [places]}``."""
+    parts = []
+    for value, places in groups.items():
+        more = f" and {len(places) - MAX_NAMED} more" if len(places) > MAX_NAMED else ""
+        parts.append(f"{value} in {', '.join(places[:MAX_NAMED])}{more}")
+    return "; ".join(parts)
 
 
 def _well_roles(dset: h5py.Dataset) -> str:
@@ -50,10 +107,36 @@ class _Builder:
         self.block_shapes = []
         self.tables = []  # per dataset: dict of chunk arrays, or None (contiguous)
         self.sources: List[Source] = []
+        self._file_index: Dict[Tuple[int, int], int] = {}
+
+    def add_file(self, path: str) -> int:
+        """Index of ``path`` in ``files`` (appended if new; one index per file on disk)."""
+        key = _file_key(path)
+        if key not in self._file_index:
+            self._file_index[key] = len(self.files)
+            self.files.append(path)
+        return self._file_index[key]
+
+    def holder(self, h5f: h5py.File, file_idx: int, name: str, where: str):
+        """``(open file, file index, path)`` of the file that really holds dataset ``name``'s bytes.
+
+        A dataset reached through an external link (NeXus / detector master files)
+        lives in the link's target file, at offsets of that file: the target joins
+        ``files`` under an absolute path (HDF5 resolved it from the current folder).
+        Soft links and links into other groups stay in the same file.
+        """
+        obj = _follow(h5f, name, where)
+        if not isinstance(obj, h5py.Dataset) or _file_key(obj.file.filename) == _file_key(h5f.filename):
+            return h5f, file_idx, name
+        real = os.path.abspath(obj.file.filename)
+        return obj.file, self.add_file(real), _name_in_own_file(obj, where)
 
     def add_dataset(self, h5f, file_idx: int, name: str, roles: str) -> int:
         where = _where(self.files[file_idx], name)
-        info, table = read_dataset_info(h5f, file_idx, name, where)
+        h5f, real_idx, real_name = self.holder(h5f, file_idx, name, where)
+        if real_idx != file_idx:
+            where = f"{where} (stored in {_where(self.files[real_idx], real_name)})"
+        info, table = read_dataset_info(h5f, real_idx, real_name, where)
         if len(info.shape) < len(roles):
             raise LayoutError(f"{where} has {len(info.shape)} axes, fewer than its sample axes ({roles!r})")
         self.datasets.append(info)
@@ -74,10 +157,10 @@ class _Builder:
     def windows(self, h5f, fi: int):
         ids, roles = [], []
         for name in self.spec.fields:
-            _where(self.files[fi], name)
-            if name not in h5f or not isinstance(h5f[name], h5py.Dataset):
+            obj = _follow(h5f, name, _where(self.files[fi], name))
+            if not isinstance(obj, h5py.Dataset):
                 raise LayoutError(f"dataset {name!r} not found in {self.files[fi]}")
-            r = _well_roles(h5f[name])
+            r = _well_roles(obj)
             roles.append(r)
             ids.append(self.add_dataset(h5f, fi, name, r))
         fname = os.path.basename(self.files[fi])
@@ -101,12 +184,19 @@ class _Builder:
                      n_traj, n_steps, self.spec.window, self.spec.dt)
         self.sources.append(src)
 
+    def group_or_dataset(self, h5f, fi: int, name: str):
+        """The object a root link names; a LayoutError if the link is broken (never skipped silently)."""
+        obj = _follow(h5f, name, _where(self.files[fi], name))
+        if obj is None:
+            raise LayoutError(f"{_where(self.files[fi], name)} is a broken link (its target does not exist)")
+        return obj
+
     def whole(self, h5f, fi: int):
         if self.spec.groups is None:
             groups = [""]
         else:
-            groups = sorted(k for k in h5f.keys()
-                            if isinstance(h5f[k], h5py.Group) and fnmatch.fnmatchcase(k, self.spec.groups))
+            groups = [k for k in sorted(h5f.keys()) if fnmatch.fnmatchcase(k, self.spec.groups)
+                      and isinstance(self.group_or_dataset(h5f, fi, k), h5py.Group)]
             if not groups:
                 raise LayoutError(f"no group matching {self.spec.groups!r} in {self.files[fi]}")
         for g in groups:
@@ -115,6 +205,29 @@ class _Builder:
                 full = f"{g}/{name}" if g else name
                 ids.append(self.add_dataset(h5f, fi, full, ""))
             self.sources.append(Source("whole", fi, g, tuple(ids), ("",) * len(ids), 1))
+
+    # ---------------------------------------------------------------- checks
+    def check_fields(self):
+        """One dtype per field over all files/groups, and for rows/windows one per-sample shape.
+
+        Byte order may differ (the loader delivers native byte order); anything
+        else is a LayoutError naming every dtype or shape with its files.
+        """
+        for k, name in enumerate(self.spec.fields):
+            dtypes: Dict[str, List[str]] = {}
+            shapes: Dict[str, List[str]] = {}
+            for src in self.sources:
+                info = self.datasets[src.datasets[k]]
+                place = os.path.relpath(self.files[src.file], self.spec.root)
+                place = f"{place}:/{src.group}" if src.group else place
+                dtypes.setdefault(str(np.dtype(info.dtype).newbyteorder("=")), []).append(place)
+                shapes.setdefault(str(src.field_shape(k, info.shape)), []).append(place)
+            if len(dtypes) > 1:
+                raise LayoutError(f"field {name!r} has different dtypes: {_describe(dtypes)} "
+                                  f"(solar does not convert: write one dtype)")
+            if len(shapes) > 1 and self.spec.kind != "whole":
+                raise LayoutError(f"field {name!r} has different per-sample shapes: {_describe(shapes)} "
+                                  f"({self.spec.kind} samples of one field must have one shape)")
 
     # ---------------------------------------------------------------- blocks
     def block_arrays(self):
@@ -135,7 +248,8 @@ class _Builder:
             if table is None:
                 base = info.offset if info.offset is not None else -1
                 offset[lo:hi] = base + np.arange(hi - lo, dtype=np.int64) * chunk_bytes if base >= 0 else -1
-                stored[lo:hi] = chunk_bytes
+                # never written (raw, no storage): nothing on storage, read as the fill value
+                stored[lo:hi] = 0 if base < 0 and info.raw else chunk_bytes
             else:
                 offset[lo:hi] = table["offset"]
                 stored[lo:hi] = table["nbytes"]
@@ -186,9 +300,11 @@ def build_layout(spec: LayoutSpec, progress: bool = False) -> Layout:
     """Read the files named by ``spec`` and return their :class:`Layout`.
 
     Raises :class:`~solar.errors.LayoutError` (one line, naming the culprit)
-    for a missing file, dataset or group, disagreeing sample counts, a
-    non-numeric or empty dataset, a window longer than a trajectory, or a
-    filter nobody can decode.
+    for a missing file, dataset or group, a broken external link, disagreeing
+    sample counts, a field whose dtype (or, for rows/windows, per-sample shape)
+    differs between files, a non-numeric or empty dataset, a window longer than
+    a trajectory, or a filter nobody can decode.  A dataset reached through an
+    external link is recorded in the file that holds its bytes.
     """
     b = _Builder(spec)
     paths = spec.resolve_files()
@@ -198,9 +314,10 @@ def build_layout(spec: LayoutSpec, progress: bool = False) -> Layout:
         from tqdm import tqdm
         it = tqdm(paths, desc="layout", unit="file")
     for p in it:
-        b.files.append(p)
         with open_h5(p) as h5f:
-            kind(h5f, len(b.files) - 1)
+            kind(h5f, b.add_file(p))
+    b.check_fields()
+    check_layout_size(b.datasets, b.block_shapes, b.sources, b.files)
     ds_start, arrays = b.block_arrays()
     source_start, sample_ptr, sample_blocks = b.sample_arrays(ds_start)
     if sample_ptr.shape[0] == 1:

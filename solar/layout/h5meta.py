@@ -2,20 +2,34 @@
 
 For a chunked dataset: chunk shape, filter pipeline and, per chunk, byte offset,
 stored size and filter mask (``chunk_iter`` when HDF5 has it).  For a contiguous
-dataset: its byte offset.  Nothing here reads data.
+dataset: its byte offset, or None when it was never written (it reads as its
+fill value) or its bytes are not in the file (compact, virtual, external raw
+storage: those are marked for the h5py reader).  Nothing here reads data.
+
+Damaged files: every byte range is checked against the file size, every chunk
+against the chunk grid, and a chunk grid larger than :data:`MAX_BLOCKS` is
+refused before any array of that size exists (:mod:`solar.layout.limits`);
+HDF5's own errors become :class:`~solar.errors.LayoutError` naming the dataset.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
 import h5py
 import numpy as np
 
-from ..errors import LayoutError
-from ..io.filters import DECODERS, Filter, filter_name
+from ..errors import LayoutError, SolarError
+from ..io.filters import Filter, decodable, filter_name
+from .limits import MAX_BLOCKS, check_count
 
-_LOOKUP_ERRORS = (KeyError, OSError, ValueError, TypeError)
+_LOOKUP_ERRORS = (KeyError, OSError, ValueError, TypeError, RuntimeError)
+# what h5py raises on metadata it cannot parse (damaged headers, chunk indexes, attributes)
+H5_ERRORS = (OSError, RuntimeError, ValueError, TypeError, KeyError, IndexError, OverflowError, SystemError)
+
+MAX_CHUNK_BYTES = (1 << 32) - 1
+"""HDF5's own limit on the decoded size of one chunk (4 GiB - 1)."""
 
 
 @dataclass(frozen=True)
@@ -23,9 +37,9 @@ class DatasetInfo:
     """Storage facts of one HDF5 dataset (``file`` indexes ``Layout.files``).
 
     ``chunks`` is the real chunk shape, or None for contiguous storage;
-    ``offset`` the contiguous data's file offset (None when chunked).
-    ``raw`` says whether solar's raw reader can serve it; otherwise
-    ``fallback`` says why the h5py reader must.
+    ``offset`` the contiguous data's file offset (None when chunked, never
+    written, or not stored in the file).  ``raw`` says whether solar's raw
+    reader can serve it; otherwise ``fallback`` says why the h5py reader must.
     """
 
     file: int
@@ -53,6 +67,11 @@ class DatasetInfo:
         return self.name
 
 
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def _check_dtype(dset, where: str) -> np.dtype:
     dt = dset.dtype
     if dt.kind not in "biufc" or dt.fields is not None or dt.subdtype is not None:
@@ -60,16 +79,147 @@ def _check_dtype(dset, where: str) -> np.dtype:
     return dt
 
 
-def read_dataset_info(h5file: h5py.File, file_idx: int, path: str, where: str):
-    """Return ``(DatasetInfo, chunk_table)`` for dataset ``path`` of an open file.
+def _filters(plist, where: str):
+    """``(filters, raw, fallback)`` of a dataset creation property list."""
+    filters = []
+    for i in range(plist.get_nfilters()):
+        code, flags, values, _name = plist.get_filter(i)
+        filters.append(Filter(int(code), int(flags), tuple(int(v) for v in values)))
+    raw, fallback = True, ""
+    for f in filters:
+        if not decodable(f):
+            if h5py.h5z.filter_avail(f.id):
+                raw, fallback = False, f"filter {f.name} is decoded by HDF5 only (h5py reader)"
+            else:
+                raise LayoutError(
+                    f"{where} uses HDF5 filter {filter_name(f.id)} (id {f.id}), which neither solar "
+                    f"nor this HDF5 build can decode (install the plugin, e.g. hdf5plugin)")
+    return tuple(filters), raw, fallback
 
-    ``chunk_table`` is None for contiguous data, else a dict of arrays over the
-    chunk grid in row-major order: ``offset`` (int64, -1 if unallocated),
-    ``nbytes`` (int64 stored size) and ``mask`` (uint32 filter mask).
+
+def _fillvalue(obj, where: str):
+    """The dataset's fill value as a Python scalar (what HDF5 returns for unwritten data)."""
+    fill = obj.fillvalue
+    try:
+        return fill.item() if hasattr(fill, "item") else fill
+    except (ValueError, TypeError):
+        raise LayoutError(f"{where} has an unreadable fill value {fill!r}") from None
+
+
+def external_files(plist, h5path: str, where: str) -> Tuple[str, ...]:
+    """Paths of a dataset's external raw storage files, resolved as HDF5 resolves them.
+
+    A relative name is taken relative to ``HDF5_EXTFILE_PREFIX`` (``${ORIGIN}``:
+    the HDF5 file's folder) or else the current directory; a missing file is a
+    LayoutError naming it.
     """
+    prefix = os.environ.get("HDF5_EXTFILE_PREFIX", "")
+    prefix = prefix.replace("${ORIGIN}", os.path.dirname(os.path.abspath(h5path)))
+    out = []
+    for i in range(plist.get_external_count()):
+        name = plist.get_external(i)[0]
+        name = name.decode(errors="replace") if isinstance(name, bytes) else str(name)
+        path = name if os.path.isabs(name) else os.path.join(prefix or os.getcwd(), name)
+        if not os.path.isfile(path):
+            raise LayoutError(
+                f"{where} keeps its data in external raw file {name!r}, not found at {path} (HDF5 looks "
+                f"relative to the current directory, or to HDF5_EXTFILE_PREFIX; '${{ORIGIN}}' = the file's folder)")
+        out.append(name)
+    return tuple(out)
+
+
+def _contiguous(dsid, plist, h5path: str, where: str, nbytes: int, file_size: int):
+    """``(offset or None, raw, fallback)`` of a dataset without chunks."""
+    layout = plist.get_layout()
+    if layout != h5py.h5d.CONTIGUOUS:
+        return None, False, "compact or virtual storage (no byte range to read)"
+    if plist.get_external_count() > 0:
+        names = external_files(plist, h5path, where)
+        return None, False, f"external raw storage in {', '.join(names)} (HDF5 reads it: h5py reader)"
+    offset = dsid.get_offset()
+    if offset is None:  # never written: no storage allocated, HDF5 returns the fill value
+        return None, True, ""
+    offset = int(offset)
+    if offset < 0 or offset + nbytes > file_size:
+        raise LayoutError(f"{where} has its data at bytes [{offset}, {offset + nbytes}) but the file has "
+                          f"{file_size} bytes (truncated or damaged)")
+    return offset, True, ""
+
+
+def _chunk_records(dsid, limit: int, where: str):
+    """``(coords, offset, size, mask)`` of each written chunk, in index order.
+
+    A chunk index listing more than ``limit`` chunks (the grid size) is damaged:
+    iteration stops there with a LayoutError, before the list grows further.
+    """
+    recs = []
+
+    def take(si):
+        recs.append((si.chunk_offset, si.byte_offset, si.size, si.filter_mask))
+        return True if len(recs) > limit else None  # a not-None return ends chunk_iter
+
+    if hasattr(dsid, "chunk_iter"):
+        dsid.chunk_iter(take)
+        count = len(recs)
+    else:  # older HDF5: one call per chunk
+        count = dsid.get_num_chunks()
+        for i in range(min(count, limit)):
+            take(dsid.get_chunk_info(i))
+    if count > limit:
+        raise LayoutError(f"{where} lists more chunks than its grid of {limit} holds (damaged chunk index)")
+    return recs
+
+
+def _chunk_table(dsid, shape, chunks, file_size: int, where: str) -> dict:
+    """Arrays over the chunk grid (row-major): ``offset`` int64 (-1: unwritten), ``nbytes`` int64, ``mask`` uint32.
+
+    Each written chunk must sit on the grid, once, with its bytes inside the file.
+    """
+    grid = tuple(-(-s // c) for s, c in zip(shape, chunks))
+    n = int(np.prod(grid, dtype=object))
+    check_count(n, MAX_BLOCKS, "chunks", where)
+    offs = np.full(n, -1, dtype=np.int64)
+    sizes = np.zeros(n, dtype=np.int64)
+    masks = np.zeros(n, dtype=np.uint32)
+    recs = _chunk_records(dsid, n, where)
+    if not recs:
+        return {"offset": offs, "nbytes": sizes, "mask": masks}
+    coords = np.array([tuple(r[0]) for r in recs], dtype=np.int64).reshape(len(recs), len(shape))  # (nrec, ndim)
+    rec_off = np.array([r[1] if r[1] is not None else -1 for r in recs], dtype=np.int64)
+    rec_size = np.array([r[2] for r in recs], dtype=np.int64)
+    chunk_arr = np.array(chunks, dtype=np.int64)
+    bad = (coords < 0).any(axis=1) | (coords >= np.array(shape, dtype=np.int64)).any(axis=1) \
+        | (coords % chunk_arr != 0).any(axis=1)
+    bad |= (rec_off < 0) | (rec_size <= 0) | (rec_size > file_size - np.maximum(rec_off, 0))
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise LayoutError(f"{where} has a chunk at {tuple(int(c) for c in coords[i])} with bytes "
+                          f"[{int(rec_off[i])}, {int(rec_off[i] + rec_size[i])}) that is off the chunk grid "
+                          f"{grid} or outside the file's {file_size} bytes (damaged chunk index)")
+    strides = np.array([int(np.prod(grid[k + 1:], dtype=np.int64)) for k in range(len(grid))], dtype=np.int64)
+    lin = (coords // chunk_arr) @ strides
+    if np.unique(lin).shape[0] != lin.shape[0]:
+        raise LayoutError(f"{where} lists a chunk twice (damaged chunk index)")
+    offs[lin] = rec_off
+    sizes[lin] = rec_size
+    masks[lin] = np.array([r[3] for r in recs], dtype=np.int64).astype(np.uint32)
+    return {"offset": offs, "nbytes": sizes, "mask": masks}
+
+
+def _linked(h5file: h5py.File, path: str) -> bool:
+    """Whether a link named ``path`` exists (the object behind it may still be unreadable)."""
+    try:
+        return h5file.get(path, getlink=True) is not None
+    except H5_ERRORS:
+        return False
+
+
+def _read_info(h5file: h5py.File, file_idx: int, path: str, where: str):
     try:
         obj = h5file[path]
-    except _LOOKUP_ERRORS:
+    except _LOOKUP_ERRORS as exc:
+        if _linked(h5file, path):
+            raise LayoutError(f"cannot open {where}: {_first_line(exc)} (damaged file?)") from None
         raise LayoutError(f"dataset {path!r} not found in {h5file.filename}") from None
     if not isinstance(obj, h5py.Dataset):
         raise LayoutError(f"{where} is a group, not a dataset")
@@ -79,62 +229,35 @@ def read_dataset_info(h5file: h5py.File, file_idx: int, path: str, where: str):
     shape = tuple(int(s) for s in obj.shape)
     if any(s == 0 for s in shape):
         raise LayoutError(f"{where} is empty (shape {shape})")
+    nbytes = int(np.prod(shape, dtype=object)) * dt.itemsize
+    file_size = os.path.getsize(h5file.filename)
     dsid = obj.id
     plist = dsid.get_create_plist()
-    filters = []
-    for i in range(plist.get_nfilters()):
-        code, flags, values, _name = plist.get_filter(i)
-        filters.append(Filter(int(code), int(flags), tuple(int(v) for v in values)))
-    filters = tuple(filters)
-    raw, fallback = True, ""
-    for f in filters:
-        if f.id not in DECODERS:
-            if h5py.h5z.filter_avail(f.id):
-                raw, fallback = False, f"filter {f.name} is decoded by HDF5 only (h5py reader)"
-            else:
-                raise LayoutError(
-                    f"{where} uses HDF5 filter {filter_name(f.id)} (id {f.id}), which neither solar "
-                    f"nor this HDF5 build can decode (install the plugin, e.g. hdf5plugin)")
-    layout = plist.get_layout()
-    try:
-        fill = obj.fillvalue
-        fill = fill.item() if hasattr(fill, "item") else fill
-    except Exception:  # pragma: no cover - exotic fill values
-        fill = 0
+    filters, raw, fallback = _filters(plist, where)
+    fill = _fillvalue(obj, where)
+    stored = int(dsid.get_storage_size())
     if obj.chunks is None:
-        if layout != h5py.h5d.CONTIGUOUS:
-            raw, fallback = False, "compact or virtual storage (no byte range to read)"
-            offset = None
-        else:
-            offset = dsid.get_offset()
-            if offset is None:
-                raise LayoutError(f"{where} has no data written (no storage allocated)")
-        info = DatasetInfo(file_idx, path, shape, dt.str, None, filters, offset,
-                           int(dsid.get_storage_size()), fill, raw, fallback)
-        return info, None
+        offset, c_raw, c_fallback = _contiguous(dsid, plist, h5file.filename, where, nbytes, file_size)
+        raw, fallback = (raw and c_raw), (fallback or c_fallback)
+        return DatasetInfo(file_idx, path, shape, dt.str, None, filters, offset, stored, fill, raw, fallback), None
     chunks = tuple(int(c) for c in obj.chunks)
-    grid = tuple(-(-s // c) for s, c in zip(shape, chunks))
-    n = int(np.prod(grid, dtype=np.int64))
-    offs = np.full(n, -1, dtype=np.int64)
-    sizes = np.zeros(n, dtype=np.int64)
-    masks = np.zeros(n, dtype=np.uint32)
-    strides = np.array([int(np.prod(grid[k + 1:], dtype=np.int64)) for k in range(len(grid))], dtype=np.int64)
-    chunk_arr = np.array(chunks, dtype=np.int64)
+    if int(np.prod(chunks, dtype=object)) * dt.itemsize > MAX_CHUNK_BYTES:
+        raise LayoutError(f"{where} declares chunks {chunks} of more than 4 GiB, beyond HDF5's limit (damaged header)")
+    table = _chunk_table(dsid, shape, chunks, file_size, where)
+    return DatasetInfo(file_idx, path, shape, dt.str, chunks, filters, None, stored, fill, raw, fallback), table
 
-    if hasattr(dsid, "chunk_iter"):
-        recs = []
-        dsid.chunk_iter(lambda si: recs.append((si.chunk_offset, si.byte_offset, si.size, si.filter_mask)))
-    else:  # older HDF5: one call per chunk
-        recs = []
-        for i in range(dsid.get_num_chunks()):
-            si = dsid.get_chunk_info(i)
-            recs.append((si.chunk_offset, si.byte_offset, si.size, si.filter_mask))
-    if recs:
-        coords = np.array([r[0] for r in recs], dtype=np.int64).reshape(len(recs), len(shape))  # (nrec, ndim)
-        lin = (coords // chunk_arr) @ strides
-        offs[lin] = np.array([r[1] for r in recs], dtype=np.int64)
-        sizes[lin] = np.array([r[2] for r in recs], dtype=np.int64)
-        masks[lin] = np.array([r[3] for r in recs], dtype=np.uint32)
-    info = DatasetInfo(file_idx, path, shape, dt.str, chunks, filters, None,
-                       int(dsid.get_storage_size()), fill, raw, fallback)
-    return info, {"offset": offs, "nbytes": sizes, "mask": masks}
+
+def read_dataset_info(h5file: h5py.File, file_idx: int, path: str, where: str):
+    """Return ``(DatasetInfo, chunk_table)`` for dataset ``path`` of an open file.
+
+    ``chunk_table`` is None for contiguous data, else a dict of arrays over the
+    chunk grid in row-major order: ``offset`` (int64, -1 if unallocated),
+    ``nbytes`` (int64 stored size) and ``mask`` (uint32 filter mask).
+    Raises LayoutError for anything HDF5 cannot parse or that points outside the file.
+    """
+    try:
+        return _read_info(h5file, file_idx, path, where)
+    except SolarError:
+        raise
+    except H5_ERRORS as exc:
+        raise LayoutError(f"cannot read the metadata of {where}: {_first_line(exc)} (damaged file?)") from None

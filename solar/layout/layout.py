@@ -102,6 +102,16 @@ class Layout:
         return {self.spec.fields[k]: src.field_shape(k, self.datasets[d].shape)
                 for k, d in enumerate(src.datasets)}
 
+    def field_dtypes(self, sample: int = 0) -> Dict[str, np.dtype]:
+        """Each field's dtype in one sample, in native byte order (as the loader delivers it).
+
+        The builder refuses a field whose dtype differs between files other than in
+        byte order, so every sample gives the same answer.
+        """
+        src, _ = self.locate(sample)
+        return {self.spec.fields[k]: np.dtype(self.datasets[d].dtype).newbyteorder("=")
+                for k, d in enumerate(src.datasets)}
+
     def block_grid_coords(self, block: int) -> Tuple[int, Tuple[int, ...]]:
         """``(dataset id, element origin of the block)``."""
         d = int(self.block_dataset[block])

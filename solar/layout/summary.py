@@ -1,6 +1,8 @@
 """Numbers that explain a loader's speed: bytes per sample, blocks, read amplification."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from .layout import Layout
@@ -31,6 +33,9 @@ def summarize(layout: Layout) -> dict:
         field_stored = sum(int(layout.block_stored[layout.dataset_block_start[d]:layout.dataset_block_start[d + 1]].sum())
                      for d in ids)
         fallback = sorted({layout.datasets[d].fallback for d in ids if not layout.datasets[d].raw})
+        linked = sorted({f"{os.path.relpath(layout.files[layout.datasets[d].file], layout.spec.root)}:"
+                         f"{layout.datasets[d].name}" for src, d in zip(layout.sources, ids)
+                         if layout.datasets[d].file != src.file})  # reached through external links
         datasets.append({
             "name": fname, "count": len(ids), "shape": list(first.shape) if len(shapes) == 1 else None,
             "dtype": str(np.dtype(first.dtype)), "chunks": list(first.chunks) if first.chunks else None,
@@ -38,6 +43,7 @@ def summarize(layout: Layout) -> dict:
             "filters": [f.name for f in first.filters],
             "nbytes": sum(layout.datasets[d].nbytes for d in ids), "stored_nbytes": field_stored,
             "reader": "h5py" if fallback else "raw", "fallback_reason": "; ".join(fallback) or None,
+            "stored_in": linked or None,
         })
     return {
         "kind": layout.spec.kind,
@@ -86,6 +92,9 @@ def format_summary(s: dict) -> str:
         count = f" x{d['count']}" if d["count"] > 1 else ""
         line = (f"  {d['name']:<{w}}  {shape:<22} {d['dtype']:<8} {chunks:<24} {filt:<18}"
                 f" {hb(d['stored_nbytes']):>10} stored (x{ratio:.2f} compression){count}")
+        if d.get("stored_in"):
+            more = f" and {len(d['stored_in']) - 3} more" if len(d["stored_in"]) > 3 else ""
+            line += f"  [stored in {', '.join(d['stored_in'][:3])}{more}]"
         if d["reader"] != "raw":
             line += f"  [h5py reader: {d['fallback_reason']}]"
         lines.append(line)

@@ -14,7 +14,9 @@ class BatchAssembler:
     Each field of each sample is copied once, straight from the buffer's block into
     the batch array (allocated in pinned memory when ``pin_memory`` and CUDA is there).
     Samples of different shapes (``whole`` layouts of uneven files) come back as
-    lists instead of stacked arrays.
+    lists instead of stacked arrays.  A scalar field (dataset ``(N,)``) gives an
+    array of shape ``(n,)``.  Values come out in native byte order (``torch.from_numpy``
+    refuses any other): a big-endian dataset is converted while it is copied, losslessly.
     """
 
     def __init__(self, layout, pin_memory: bool = False):
@@ -24,10 +26,7 @@ class BatchAssembler:
                   for i in range(len(layout.sources))}
         self.uniform = len(shapes) == 1
         self.shapes = layout.field_shapes(0) if layout.n_samples else {}
-        self.dtypes = {}
-        if layout.n_samples:
-            for name, d, _ in layout.sample_fields(0):
-                self.dtypes[name] = np.dtype(layout.datasets[d].dtype)
+        self.dtypes = layout.field_dtypes() if layout.n_samples else {}
 
     def _empty(self, shape, dtype):
         if self.pin:
@@ -47,14 +46,17 @@ class BatchAssembler:
         for i, s in enumerate(samples.tolist()):
             fields = lay.sample_fields(s)
             by_dataset = {d: (name, sel) for name, d, sel in fields}
-            if not self.uniform:
-                shp = lay.field_shapes(s)
-                for name, d, _ in fields:
-                    out[name][i] = np.empty(shp[name], dtype=lay.datasets[d].dtype)
+            if self.uniform:  # [i, ...]: a view even for scalar fields ([i] would be a copy)
+                dest = {name: out[name][i, ...] for name in out}
+            else:
+                shp, dt = lay.field_shapes(s), lay.field_dtypes(s)
+                dest = {name: np.empty(shp[name], dtype=dt[name]) for name in shp}
+                for name, arr in dest.items():
+                    out[name][i] = arr
             for b in lay.blocks_of(s).tolist():
                 d, origin = lay.block_grid_coords(b)
                 name, sel = by_dataset[d]
                 info = lay.datasets[d]
                 blk = lookup(b).view(np.dtype(info.dtype)).reshape(lay.block_shapes[d])
-                place_block(out[name][i], sel, origin, blk, info.shape)
+                place_block(dest[name], sel, origin, blk, info.shape)
         return out
