@@ -75,6 +75,7 @@ write_conf() {
     local mem=${SOLAR_SLURM_MEMORY:-$(awk '/^MemTotal:/ {print int($2 / 1024 * 0.85)}' /proc/meminfo)}
     [[ -f $TEMPLATE ]] || die "no template $TEMPLATE"
     sed -e "s|@STATE@|$STATE|g" -e "s|@CPUS@|$cpus|g" -e "s|@MEMORY@|$mem|g" \
+        -e "s|@FIRST_JOB_ID@|$(( $(date +%s) % 6000000 * 10 + 10 ))|g" \
         -e "s|@CTLD_PORT@|${SOLAR_SLURM_CTLD_PORT:-6817}|g" -e "s|@SLURMD_PORT@|${SOLAR_SLURM_SLURMD_PORT:-6818}|g" \
         "$TEMPLATE" >"$CONF"
     if grep -v "^#" "$CONF" | grep -q "@[A-Z_]*@"; then die "unreplaced place-holders in $CONF"; fi

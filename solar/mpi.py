@@ -1,10 +1,50 @@
 """MPI helpers: end the whole job when one rank fails, instead of leaving the others
-waiting in a collective forever."""
+waiting in a collective forever.
+
+* :func:`abort_on_error` — a context manager around a block of code;
+* :func:`install_abort_hooks` / :func:`remove_abort_hooks` — ``sys.excepthook`` (and
+  ``threading.excepthook`` for solar's own threads) that report an uncaught exception with
+  the rank and call ``comm.Abort(1)``, as ``python -m mpi4py`` does.  ``SolarLoader``
+  installs them while it is open on a communicator of more than one rank.
+"""
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
+import threading
 import traceback
+
+
+def _describe(exc: BaseException, rank: int, prefix: str) -> str:
+    """``"<prefix>: error on rank R: <cause>"`` (one line for a SolarError, with the traceback otherwise)."""
+    from .errors import SolarError
+    cause = f"{exc}" if isinstance(exc, SolarError) else f"{type(exc).__name__}: {exc}"
+    head = "" if isinstance(exc, SolarError) else "".join(traceback.format_exception(exc))
+    return f"{head}{prefix}: error on rank {rank}: {cause}\n"
+
+
+def report_and_abort(comm, exc: BaseException, prefix: str = "solar") -> None:
+    """Print ``exc`` once (with this rank) to stderr and ``comm.Abort(1)``: every rank of the job ends.
+
+    MPICH's ``MPI_Abort`` returns to the caller (the process manager then kills the job), so
+    this process exits with status 1 right after, instead of running on.
+    """
+    size = comm.Get_size()
+    sys.stderr.write(_describe(exc, comm.Get_rank(), prefix) + f"{prefix}: aborting all {size} ranks\n")
+    sys.stderr.flush()
+    try:
+        comm.Abort(1)
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(1)
+
+
+def _ends_quietly(exc: BaseException) -> bool:
+    """``SystemExit(0)`` / ``SystemExit(None)``: a normal exit, not a failure."""
+    return isinstance(exc, SystemExit) and not exc.code
 
 
 @contextlib.contextmanager
@@ -18,14 +58,60 @@ def abort_on_error(comm=None, prefix: str = "solar"):
         yield
     except BaseException as exc:  # noqa: BLE001 - re-raised or the job aborted
         size = comm.Get_size() if comm is not None else 1
-        if size <= 1 or isinstance(exc, (SystemExit,)) and not exc.code:
+        if size <= 1 or _ends_quietly(exc):
             raise
-        from .errors import SolarError
-        rank = comm.Get_rank()
-        if isinstance(exc, SolarError):
-            msg = f"{prefix}: error on rank {rank}: {exc}\n"
-        else:
-            msg = f"{prefix}: rank {rank} failed:\n{''.join(traceback.format_exception(exc))}"
-        sys.stderr.write(msg + f"{prefix}: aborting all {size} ranks\n")
-        sys.stderr.flush()
-        comm.Abort(1)
+        report_and_abort(comm, exc, prefix)
+
+
+# ---------------------------------------------------------------- hooks
+# The active guards, newest last: (token, comm, prefix).  The hooks use the newest one; the
+# hooks that were there before the first install are put back when the last is removed.
+_guards: list = []
+_saved: dict = {}
+_lock = threading.Lock()
+
+
+def _sys_hook(exc_type, exc, tb):
+    if _guards and not _ends_quietly(exc):
+        _, comm, prefix = _guards[-1]
+        report_and_abort(comm, exc.with_traceback(tb), prefix)
+    _saved.get("sys", sys.__excepthook__)(exc_type, exc, tb)
+
+
+def _thread_hook(args):
+    thread_name = args.thread.name if args.thread is not None else ""
+    if _guards and thread_name.startswith("solar-") and not _ends_quietly(args.exc_value):
+        _, comm, prefix = _guards[-1]
+        report_and_abort(comm, args.exc_value, f"{prefix} (thread {thread_name})")
+    _saved.get("threading", threading.__excepthook__)(args)
+
+
+def install_abort_hooks(comm, prefix: str = "solar") -> object:
+    """Make an uncaught exception (main thread, or a ``solar-*`` thread) abort ``comm``'s job.
+
+    Returns a token for :func:`remove_abort_hooks`.  Nested installs stack; the newest wins.
+    """
+    token = object()
+    with _lock:
+        if not _guards:
+            _saved["sys"], _saved["threading"] = sys.excepthook, threading.excepthook
+            sys.excepthook, threading.excepthook = _sys_hook, _thread_hook
+        _guards.append((token, comm, prefix))
+    return token
+
+
+def remove_abort_hooks(token) -> None:
+    """Undo one :func:`install_abort_hooks` (a no-op when already removed)."""
+    with _lock:
+        _guards[:] = [g for g in _guards if g[0] is not token]
+        if not _guards and _saved:
+            if sys.excepthook is _sys_hook:
+                sys.excepthook = _saved["sys"]
+            if threading.excepthook is _thread_hook:
+                threading.excepthook = _saved["threading"]
+            _saved.clear()
+
+
+def abort_hooks_active() -> bool:
+    """True while some install is in effect (tests, diagnostics)."""
+    return bool(_guards)

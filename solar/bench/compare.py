@@ -23,12 +23,15 @@ def rss_bytes() -> int:
 
 
 def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float = 0.0, drop_cache=None,
-              reader: Optional[str] = None, threads: int = 16, prefetch: int = 4, progress: bool = False) -> dict:
-    """Time SolarLoader epoch by epoch, measured as the baseline is (drop, barrier, timed loop)."""
+              reader: Optional[str] = None, threads: int = 16, prefetch: int = 4, progress: bool = False,
+              abort_on_error: bool = True) -> dict:
+    """Time SolarLoader epoch by epoch, measured as the baseline is (drop, barrier, timed loop).
+
+    ``abort_on_error``: passed to SolarLoader (an error on one rank aborts the job)."""
     from ..loader import SolarLoader
     rss0 = rss_bytes()
     loader = SolarLoader(schedule_path, layout, comm=comm, reader=reader, threads=threads, prefetch=prefetch,
-                         as_torch=True, epoch_fence=True)
+                         as_torch=True, epoch_fence=True, abort_on_error=abort_on_error)
     out = {"reader": loader.reader_name, "epochs": []}
     peak_rss = rss0
     try:
@@ -84,8 +87,11 @@ def _max():
 def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fraction: Optional[float] = 0.5,
           buffer_per_rank=None, seed: int = 0, cold: bool = True, cache_mode: str = "file", step_time: float = 0.0,
           num_workers: int = 2, reader: Optional[str] = None, threads: int = 16, prefetch: int = 4,
-          schedule: Optional[str] = None, loaders=("solar", "baseline"), progress: bool = False) -> dict:
-    """Run the comparison; returns the report (the same on every rank)."""
+          schedule: Optional[str] = None, loaders=("solar", "baseline"), progress: bool = False,
+          abort_on_error: bool = True) -> dict:
+    """Run the comparison; returns the report (the same on every rank).
+
+    ``abort_on_error=False``: SolarLoader leaves an error on one rank to the caller (no MPI abort)."""
     from ..layout import load_layout
     from ..schedule import plan
     from .baseline import run_baseline
@@ -123,7 +129,7 @@ def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fra
     if "solar" in loaders:
         report["solar"] = run_solar(schedule, layout, comm=comm, epochs=epochs, step_time=step_time,
                                     drop_cache=drop, reader=reader, threads=threads, prefetch=prefetch,
-                                    progress=progress)
+                                    progress=progress, abort_on_error=abort_on_error)
     if "baseline" in loaders:
         report["baseline"] = {"num_workers": num_workers, "epochs": run_baseline(
             spec, comm=comm, local_batch=local_batch, epochs=epochs, seed=seed, num_workers=num_workers,

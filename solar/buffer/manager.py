@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Deque, Dict, Optional
 
 import numpy as np
 
@@ -36,6 +37,7 @@ class StepStats:
     step: int
     samples: int = 0
     hits: int = 0                # blocks the plan said were resident, and were
+    hit_bytes: int = 0           # their decoded bytes
     misses: int = 0              # blocks loaded for this step
     bytes_loaded: int = 0        # decoded bytes loaded
     bytes_read: int = 0          # storage bytes read (coalescing gaps included)
@@ -48,9 +50,13 @@ class StepStats:
 
 @dataclass
 class BufferTotals:
+    """Exact sums over every step taken; ``per_step``: the :class:`StepStats` of the last
+    ``keep_step_stats`` steps only (a ring: memory stays flat however long the run)."""
+
     steps: int = 0
     samples: int = 0
     hits: int = 0
+    hit_bytes: int = 0
     misses: int = 0
     bytes_loaded: int = 0
     bytes_read: int = 0
@@ -59,14 +65,14 @@ class BufferTotals:
     assemble_s: float = 0.0
     stall_s: float = 0.0
     plan_violations: int = 0
-    per_step: List[StepStats] = field(default_factory=list)
+    per_step: Deque[StepStats] = field(default_factory=deque)
 
-    def add(self, s: StepStats, keep: bool):
+    def add(self, s: StepStats):
         self.steps += 1
-        for k in ("samples", "hits", "misses", "bytes_loaded", "bytes_read", "n_reads", "read_s", "assemble_s",
+        for k in ("samples", "hits", "hit_bytes", "misses", "bytes_loaded", "bytes_read", "n_reads", "read_s", "assemble_s",
                   "stall_s", "plan_violations"):
             setattr(self, k, getattr(self, k) + getattr(s, k))
-        if keep:
+        if self.per_step.maxlen != 0:
             self.per_step.append(s)
 
 
@@ -77,12 +83,15 @@ class BufferManager:
     ``demand()`` (sample_ptr, sample_blocks, block_nbytes); ``reader``: a
     :class:`~solar.io.BlockReader`.  Call :meth:`get` for steps in order; each
     result is handed out once.  Starting after step 0 first loads what the plan
-    holds resident at ``start`` (resume).
+    holds resident at ``start`` (resume).  ``keep_step_stats``: how many of the latest
+    steps' :class:`StepStats` ``totals.per_step`` keeps (0: none); the totals are exact.
     """
+
+    KEEP_STEP_STATS = 1024  # ~376 B each
 
     def __init__(self, rank_plan, demand: Dict[str, np.ndarray], reader, assemble: Callable[..., Any], *,
                  budget: int, prefetch: int = 2, start: int = 0, stop: Optional[int] = None,
-                 keep_step_stats: bool = True, verify: bool = True, fence: Optional[int] = None,
+                 keep_step_stats: int = KEEP_STEP_STATS, verify: bool = True, fence: Optional[int] = None,
                  io_depth: int = 4):
         if prefetch < 1:
             raise BufferError(f"prefetch must be >= 1 step, got {prefetch}")
@@ -90,7 +99,9 @@ class BufferManager:
         self.sample_ptr = np.asarray(demand["sample_ptr"], dtype=np.int64)
         self.sample_blocks = np.asarray(demand["sample_blocks"], dtype=np.int64)
         self.block_nbytes = np.asarray(demand["block_nbytes"], dtype=np.int64)
-        self.prefetch, self.verify, self.keep = int(prefetch), verify, keep_step_stats
+        if isinstance(keep_step_stats, bool) or not isinstance(keep_step_stats, int) or keep_step_stats < 0:
+            raise BufferError(f"keep_step_stats must be an integer >= 0 (steps), got {keep_step_stats!r}")
+        self.prefetch, self.verify = int(prefetch), verify
         G = rank_plan.n_steps
         self.start, self.stop = int(start), G if stop is None else int(stop)
         if not 0 <= self.start <= self.stop <= G:
@@ -104,7 +115,7 @@ class BufferManager:
                              window=self.io_depth - 1)
         self.pools = SlotPools(class_bytes, slots)
         self.slot_of = np.full(self.block_nbytes.shape[0], -1, dtype=np.int64)
-        self.totals = BufferTotals()
+        self.totals = BufferTotals(per_step=deque(maxlen=keep_step_stats))
         self._ready: Dict[int, Any] = {}
         self._stats: Dict[int, StepStats] = {}
         self._next_get = self.start
@@ -136,7 +147,7 @@ class BufferManager:
             self._next_get = g + 1
             self._cv.notify_all()
         st.stall_s = time.perf_counter() - t0
-        self.totals.add(st, self.keep)
+        self.totals.add(st)
         return out
 
     def release(self, g: int):
@@ -263,6 +274,7 @@ class BufferManager:
         snap = {}
         missing = need[self.slot_of[need] < 0]
         st.hits = int(need.shape[0] - load.shape[0] - missing.shape[0])
+        st.hit_bytes = int(self.block_nbytes[need].sum() - st.bytes_loaded - self.block_nbytes[missing].sum())
         for b in need[self.slot_of[need] >= 0].tolist():
             c = int(self.class_of[b])
             snap[b] = self.pools.view(c, int(self.slot_of[b]))[:self.block_nbytes[b]]

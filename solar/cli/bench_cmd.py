@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 
@@ -14,6 +15,8 @@ The training step is replaced by --step-time seconds of sleep (default 0: loader
 --cold drops the dataset files' pages (posix_fadvise DONTNEED, no root needed) before each
 epoch, on one rank per node; --cache-mode system drops the whole page cache (root).
 The JSON has per-epoch samples/s of both loaders and their ratio as "speedup".
+An error on one rank prints "solar bench: error on rank R: ..." and aborts every rank
+(MPI_Abort), so no rank waits in a collective forever; --no-abort-on-error turns that off.
 """
 
 
@@ -40,6 +43,8 @@ def add_parser(sub):
     p.add_argument("--schedule", help="schedule file to write (default: next to the data)")
     p.add_argument("--only", choices=("solar", "baseline"), help="run one loader only")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--no-abort-on-error", dest="abort_on_error", action="store_false",
+                   help="do not MPI_Abort every rank when one fails (the default does, so none waits forever)")
     p.set_defaults(run=run)
     return p
 
@@ -49,14 +54,15 @@ def run(args) -> int:
     from ..bench.compare import bench, format_report
     from ..mpi import abort_on_error
     comm = MPI.COMM_WORLD
-    with abort_on_error(comm, prefix="solar bench"):
+    guard = abort_on_error(comm, prefix="solar bench") if args.abort_on_error else contextlib.nullcontext()
+    with guard:
         frac = args.buffer_fraction if args.buffer_fraction is not None or args.buffer_per_rank else 0.5
         rep = bench(args.spec, comm=comm, epochs=args.epochs, local_batch=args.local_batch, buffer_fraction=frac,
                     buffer_per_rank=args.buffer_per_rank, seed=args.seed, cold=args.cold,
                     cache_mode=args.cache_mode, step_time=args.step_time, num_workers=args.num_workers,
                     reader=args.reader, threads=args.threads, prefetch=args.prefetch, schedule=args.schedule,
                     loaders=(args.only,) if args.only else ("solar", "baseline"),
-                    progress=sys.stderr.isatty() and comm.rank == 0)
+                    progress=sys.stderr.isatty() and comm.rank == 0, abort_on_error=args.abort_on_error)
     if comm.rank == 0:
         print(json.dumps(rep, indent=2) if args.json else format_report(rep))
     return 0

@@ -15,11 +15,18 @@ rank (one more small ``Allreduce``), so a failure never leaves ranks waiting.
 ``collective=False``: one independent ``Read_at`` per coalesced range, no
 collective calls per step.
 
+A read that comes back short or fails (``MPI.Exception``) is retried for its
+missing bytes with independent ``Read_at`` calls (a collective read's on a
+per-rank ``COMM_SELF`` handle, so the other ranks are not involved), up to
+``READ_RETRIES`` times with a short backoff; then the step fails with a
+DecodeError naming file, dataset, chunk and byte range.
+
 Reads run in the calling thread (MPI calls); copying and decoding into the
 caller's arrays run in ``threads`` worker threads, overlapping the next read.
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import ClassVar
@@ -32,9 +39,11 @@ from .block_plan import (
     direct_mask,
     fill_unwritten,
     plan_reads,
+    chunk_where,
     short_read_error,
 )
 from .coalesce import CoalescePolicy
+from .pread_reader import READ_RETRIES, RETRY_BACKOFF_S
 from .reader import BlockReader, ReadStats, mpi4py_missing, register
 
 _INT_MAX = 2**31 - 1
@@ -72,6 +81,7 @@ class MpiioReader(BlockReader):
         self.comm = comm if comm is not None else MPI.COMM_SELF
         self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="solar-mpiio")
         self._fh = []
+        self._self_fh = {}  # file index -> COMM_SELF handle for retries (opened on first need)
         try:
             for p in layout.files:
                 self._fh.append(MPI.File.Open(self.comm, p, MPI.MODE_RDONLY))
@@ -83,9 +93,43 @@ class MpiioReader(BlockReader):
         self._sizes = [fh.Get_size() for fh in self._fh]
 
     def _close_files(self):
-        for fh in self._fh:
+        for fh in [*self._fh, *self._self_fh.values()]:
             fh.Close()
-        self._fh = []
+        self._fh, self._self_fh = [], {}
+
+    def _retry_handle(self, f: int):
+        """This rank's own handle on file ``f`` (``COMM_SELF``), for independent retries."""
+        fh = self._self_fh.get(f)
+        if fh is None:
+            MPI = self._MPI
+            fh = self._self_fh[f] = MPI.File.Open(MPI.COMM_SELF, self.layout.files[f], MPI.MODE_RDONLY)
+        return fh
+
+    def _read_at_full(self, fh, start: int, buf: np.ndarray, bl, where: int) -> int:
+        """``Read_at`` file bytes ``[start, start + len(buf))`` into ``buf`` until full, retrying a short
+        or failed read up to READ_RETRIES times; returns the bytes read (less: the file ended)."""
+        MPI = self._MPI
+        got = failures = 0
+        while got < buf.shape[0]:
+            st = MPI.Status()
+            try:
+                fh.Read_at(start + got, [buf[got:], MPI.BYTE], st)
+                n = st.Get_count(MPI.BYTE)
+            except MPI.Exception as exc:
+                if failures >= READ_RETRIES:
+                    raise DecodeError(
+                        f"reading {chunk_where(self.layout, int(bl[0]))}: bytes [{start}, {start + buf.shape[0]}) "
+                        f"failed ({failures + 1} tries): {exc.Get_error_string()}"
+                    ) from None
+                n = 0
+            if n <= 0:
+                if failures >= READ_RETRIES:
+                    break
+                time.sleep(RETRY_BACKOFF_S * 2 ** failures)
+                failures += 1
+                continue
+            got += n
+        return got
 
     def close(self) -> None:
         """Collective over ``comm``: closes every file."""
@@ -150,7 +194,6 @@ class MpiioReader(BlockReader):
         return parts, err
 
     def _read_independent(self, blocks, out, plans, futs) -> int:
-        MPI = self._MPI
         n = 0
         for fp in plans:
             fh = self._fh[fp.file]
@@ -161,10 +204,8 @@ class MpiioReader(BlockReader):
                 # a lone block stored as its decoded bytes goes straight into the caller's array
                 alone = len(bl) == 1 and bool(direct_mask(self.layout, bl)[0])
                 buf = outs[0] if alone else np.empty(length, dtype=np.uint8)
-                st = MPI.Status()
-                fh.Read_at(start, [buf, MPI.BYTE], st)
+                got = self._read_at_full(fh, start, buf, bl, fp.file)
                 n += 1
-                got = st.Get_count(MPI.BYTE)
                 if got < length:
                     raise short_read_error(self.layout, bl, start + rel, start + got)
                 if not alone:
@@ -213,19 +254,33 @@ class MpiioReader(BlockReader):
                     ftype = MPI.BYTE.Create_hindexed([p[1] for p in parts], [p[0] for p in parts]).Commit()
                 fh.Set_view(0, MPI.BYTE, ftype if ftype is not None else MPI.BYTE)
                 st = MPI.Status()
-                fh.Read_all([buf, MPI.BYTE], st)
+                try:
+                    fh.Read_all([buf, MPI.BYTE], st)
+                    got = st.Get_count(MPI.BYTE)
+                except MPI.Exception:
+                    got = 0  # this rank's part failed: retried independently below
                 if ftype is not None:
                     ftype.Free()
                 if not parts:
                     continue
                 n += len(parts)
-                got = st.Get_count(MPI.BYTE)
                 pos = 0
                 for start, length, bl, rel, outs in parts:
-                    if got < pos + length:
-                        if err is None:
-                            err = short_read_error(lay, bl, start + rel, start + max(0, got - pos))
-                        break
+                    if got < pos + length:  # short: read the rest of this range on our own handle
+                        have = max(0, got - pos)
+                        try:
+                            more = self._read_at_full(self._retry_handle(f), start + have,
+                                                      buf[pos + have:pos + length], bl, f)
+                        except DecodeError as exc:
+                            err = err or exc
+                            break
+                        except MPI.Exception as exc:  # the retry handle could not be opened
+                            err = err or DecodeError(f"MPI-IO cannot open {path} to retry a short read: "
+                                                     f"{exc.Get_error_string()}")
+                            break
+                        if have + more < length:
+                            err = err or short_read_error(lay, bl, start + rel, start + have + more)
+                            break
                     futs.append(self._pool.submit(self._deliver_range, buf[pos:pos + length], bl, rel, outs))
                     pos += length
         return n, err

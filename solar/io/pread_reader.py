@@ -10,8 +10,10 @@ threads in groups of similar byte counts.
 """
 from __future__ import annotations
 
+import errno
 import os
 import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import ClassVar
@@ -24,6 +26,7 @@ from .block_plan import (
     direct_mask,
     fill_unwritten,
     plan_reads,
+    chunk_where,
     short_read_error,
 )
 from .coalesce import CoalescePolicy
@@ -45,20 +48,39 @@ class _Range:
         self.blocks, self.rel, self.outs, self.direct = blocks, rel, outs, direct
 
 
-def preadv_full(fd: int, buffers: list, offset: int) -> tuple:
+# a read that fails with one of these, or returns no bytes before the end of the request, is tried
+# again up to READ_RETRIES times, waiting RETRY_BACKOFF_S * 2**k seconds before try k
+READ_RETRIES = 3
+RETRY_BACKOFF_S = 0.01
+TRANSIENT_ERRNOS = frozenset({errno.EINTR, errno.EAGAIN, errno.EIO})
+
+
+def preadv_full(fd: int, buffers: list, offset: int, *, retries: int = READ_RETRIES) -> tuple:
     """``preadv`` until every buffer is full or the file ends; returns ``(bytes, calls)``.
 
     Re-issues the call after a short read (signals, network file systems) and
-    passes at most ``IOV_MAX`` buffers per call.
+    passes at most ``IOV_MAX`` buffers per call.  A call that returns 0 bytes
+    (end of file, or a storage hiccup) or fails with EINTR/EAGAIN/EIO is tried
+    again up to ``retries`` times with a short backoff; then the short count is
+    returned (0 bytes) or the OSError raised.  Other errors are raised at once.
     """
     views = [memoryview(b).cast("B") for b in buffers]
-    done = calls = 0
+    done = calls = failures = 0
     i = 0
     while i < len(views):
-        n = os.preadv(fd, views[i:i + IOV_MAX], offset + done)
         calls += 1
+        try:
+            n = os.preadv(fd, views[i:i + IOV_MAX], offset + done)
+        except OSError as exc:
+            if exc.errno not in TRANSIENT_ERRNOS or failures >= retries:
+                raise
+            n = -1
         if n <= 0:
-            break
+            if failures >= retries:
+                break
+            time.sleep(RETRY_BACKOFF_S * 2 ** failures)
+            failures += 1
+            continue
         done += n
         while n > 0 and i < len(views):  # drop filled buffers, trim a partly filled one
             take = min(n, len(views[i]))
@@ -173,7 +195,6 @@ class PreadReader(BlockReader):
     def _read_range(self, r: _Range) -> int:
         """One scatter preadv for a range, then decode its compressed blocks; returns 1 (one range read)."""
         lay = self.layout
-        path = lay.files[r.file]
         stored = lay.block_stored[r.blocks]
         rel_end = r.rel + stored
         overlap = bool(np.any(r.rel[1:] < rel_end[:-1])) if len(r.blocks) > 1 else False
@@ -192,7 +213,9 @@ class PreadReader(BlockReader):
         try:
             got, _ = preadv_full(self._fds[r.file], iov, r.start)
         except OSError as exc:
-            raise DecodeError(f"reading {path} bytes [{r.start}, {r.start + r.length}): {exc.strerror}") from None
+            tries = READ_RETRIES + 1 if exc.errno in TRANSIENT_ERRNOS else 1
+            raise DecodeError(f"reading {chunk_where(lay, int(r.blocks[0]))}: bytes [{r.start}, {r.start + r.length})"
+                              f" failed ({tries} tries): {exc.strerror or exc}") from None
         if got < r.length:
             raise short_read_error(lay, r.blocks, r.start + r.rel, r.start + got)
         for k in range(len(r.blocks)):

@@ -2,13 +2,16 @@
 through the buffer manager, with the readers doing the I/O.
 
     loader = SolarLoader("plan.h5", "data/ptychonn", comm=MPI.COMM_WORLD)
-    for epoch in range(loader.epochs):
+    # loader.load_state_dict(checkpoint["loader"])    # to resume: the loop below then goes on
+    for epoch in range(loader.epoch, loader.epochs):  # from the exact next step
         loader.set_epoch(epoch)
         for batch in loader:              # {field: tensor (n, ...), "index": ids, "weight": float}
             loss = (criterion(model(batch["diffraction"]), ...) * batch["weight"])
 """
 from __future__ import annotations
 
+import numbers
+import weakref
 from typing import Optional
 
 import numpy as np
@@ -32,13 +35,30 @@ class SolarLoader:
     the global batch even when ranks get unequal counts (epsilon > 0); it is 1.0
     otherwise.  ``epoch_fence``: do not prefetch an epoch before iteration over it
     begins (benchmarks: no read-ahead across a page-cache drop).
+
+    ``abort_on_error`` (default True): when ``comm`` has more than one rank, an
+    exception that escapes on this rank while the loader is open (from solar or
+    from the training code; main thread or a solar thread) prints
+    ``solar: error on rank R: <cause>`` and calls ``comm.Abort(1)``, so every rank
+    ends instead of waiting in a collective forever (:mod:`solar.mpi` hooks,
+    removed by :meth:`close`; leaving a ``with`` block on an exception aborts
+    too).  ``abort_on_error=False`` leaves the error handling to the caller.
+
+    Resuming: after :meth:`load_state_dict` the cursor is inside epoch
+    ``loader.epoch``; ``set_epoch(loader.epoch)`` keeps it, so the loop
+    ``for e in range(loader.epoch, loader.epochs): loader.set_epoch(e); for b in loader``
+    yields exactly the steps an uninterrupted run had left.
     """
 
     def __init__(self, schedule, data=None, *, comm=None, rank: Optional[int] = None, reader: Optional[str] = None,
                  threads: int = 16, prefetch: int = 4, pin_memory: bool = False, as_torch: bool = True,
-                 verify: bool = True, reader_options: Optional[dict] = None, epoch_fence: bool = False):
+                 verify: bool = True, reader_options: Optional[dict] = None, epoch_fence: bool = False,
+                 abort_on_error: bool = True):
         from ..io import default_reader_name, get_reader
         from ..layout import Layout, load_layout
+        if not isinstance(abort_on_error, bool):
+            raise SpecError(f"abort_on_error must be True or False, got {abort_on_error!r}")
+        self._guard = _install_guard(self, comm) if abort_on_error else None
         self.schedule = schedule if isinstance(schedule, Schedule) else Schedule.load(schedule)
         if data is None:
             if not self.schedule.source:
@@ -46,9 +66,7 @@ class SolarLoader:
             data = self.schedule.source
         self.layout = data if isinstance(data, Layout) else load_layout(data)
         world = comm.Get_size() if comm is not None else self.schedule.world_size
-        self.rank = comm.Get_rank() if comm is not None else rank
-        if self.rank is None:
-            raise SpecError("give comm= (an MPI communicator) or rank=")
+        self.rank = _check_rank(rank, comm, world)
         self.schedule.check(layout=self.layout, world_size=world)
         self.comm = comm
         self.reader_name = reader or default_reader_name(self.layout, comm)
@@ -73,10 +91,17 @@ class SolarLoader:
         return self.cursor // self.S
 
     def set_epoch(self, e: int):
-        """Position the loader at the start of epoch position ``e`` (a no-op when already there)."""
-        if not 0 <= e < self.epochs:
-            raise SpecError(f"epoch {e} out of range: the schedule has {self.epochs} epochs")
-        self._seek(e * self.S)
+        """Position the loader in epoch position ``e``.
+
+        A no-op when the cursor is already inside epoch ``e`` (at its start, or
+        mid-epoch after :meth:`load_state_dict` or an interrupted iteration): the
+        next ``for batch in loader`` goes on from the cursor.  Any other epoch:
+        seek to its first step.
+        """
+        if isinstance(e, bool) or not isinstance(e, numbers.Integral) or not 0 <= e < self.epochs:
+            raise SpecError(f"epoch {e!r} out of range: the schedule has epochs 0..{self.epochs - 1}")
+        if self.cursor // self.S != e:
+            self._seek(int(e) * self.S)
 
     def _seek(self, g: int):
         if g == self.cursor and (self.buffer is None or self.buffer._next_get == g):
@@ -145,11 +170,20 @@ class SolarLoader:
                 "config": self.schedule.config.to_dict(), "policy": self.schedule.policy, "step": self.cursor}
 
     def load_state_dict(self, state: dict):
+        """Move the cursor to ``state["step"]`` (a :meth:`state_dict` of a loader on the same schedule)."""
         mine = self.state_dict()
+        if not isinstance(state, dict):
+            raise SpecError(f"a loader state must be a dict (from state_dict()), got {type(state).__name__}")
+        missing = [k for k in mine if k not in state]
+        if missing:
+            raise SpecError(f"loader state lacks {', '.join(map(repr, missing))} (not from SolarLoader.state_dict()?)")
         for k in ("fingerprint", "world_size", "config", "policy"):
             if state.get(k) != mine[k]:
                 raise SpecError(f"state was saved with another schedule ({k}: {state.get(k)!r} != {mine[k]!r})")
-        g = int(state["step"])
+        g = state["step"]
+        if isinstance(g, bool) or not isinstance(g, numbers.Integral):
+            raise SpecError(f"loader state step must be an integer, got {g!r}")
+        g = int(g)
         if not 0 <= g <= self.schedule.n_steps:
             raise SpecError(f"state step {g} outside the schedule's {self.schedule.n_steps} steps")
         self._seek(g)
@@ -159,16 +193,52 @@ class SolarLoader:
         t = self.buffer.totals if self.buffer is not None else None
         if t is None:
             return {}
-        return {k: getattr(t, k) for k in ("steps", "samples", "hits", "misses", "bytes_loaded", "bytes_read",
+        return {k: getattr(t, k) for k in ("steps", "samples", "hits", "hit_bytes", "misses", "bytes_loaded", "bytes_read",
                                             "n_reads", "read_s", "assemble_s", "stall_s", "plan_violations")}
 
     def close(self):
+        """Stop the prefetch thread, close the reader (collective for MPI readers) and the schedule,
+        and remove the abort hooks."""
         self._stop_buffer()
         self.reader.close()
         self.schedule.close()
+        if self._guard is not None:
+            self._guard()
 
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, exc_type, exc, tb):
+        if exc is not None and self._guard is not None and self._guard.alive:
+            # no collective clean-up (an MPI reader's close) while the other ranks may wait elsewhere
+            from ..mpi import report_and_abort
+            if not (isinstance(exc, SystemExit) and not exc.code):
+                report_and_abort(self.comm, exc)
         self.close()
+
+
+def _check_rank(rank, comm, world: int) -> int:
+    """This loader's rank: ``comm``'s, or ``rank`` (an int in [0, world)); both given must agree."""
+    if rank is not None:
+        if isinstance(rank, bool) or not isinstance(rank, numbers.Integral):
+            raise SpecError(f"rank must be an integer, got {rank!r}")
+        if not 0 <= rank < world:
+            raise SpecError(f"rank {rank} out of range: the job has ranks 0..{world - 1}")
+    if comm is None:
+        if rank is None:
+            raise SpecError("give comm= (an MPI communicator) or rank=")
+        return int(rank)
+    mine = comm.Get_rank()
+    if rank is not None and int(rank) != mine:
+        raise SpecError(f"rank={rank} disagrees with the communicator, whose rank is {mine}")
+    return int(mine)
+
+
+def _install_guard(loader, comm):
+    """With ``comm`` of more than one rank: the :mod:`solar.mpi` abort hooks, removed when the returned
+    finalizer is called (``close``) or when ``loader`` is garbage-collected (a failed constructor).
+    None otherwise."""
+    if comm is None or comm.Get_size() <= 1:
+        return None
+    from ..mpi import install_abort_hooks, remove_abort_hooks
+    return weakref.finalize(loader, remove_abort_hooks, install_abort_hooks(comm))
