@@ -5,9 +5,9 @@ schedule file -> buffer (``solar.buffer``) <- readers (``solar.io``) -> torch.
 """
 __version__ = "0.1.0"
 
-from .errors import DecodeError, LayoutError, SolarError, SpecError  # noqa: E402
+from .errors import DecodeError, LayoutError, SolarError, SpecError, WriteError  # noqa: E402
 from .layout import Layout, LayoutSpec, build_layout, load_layout  # noqa: E402
 from .schedule import Schedule, ScheduleError, plan  # noqa: E402
 
-__all__ = ["__version__", "SolarError", "SpecError", "LayoutError", "DecodeError", "Layout", "LayoutSpec",
+__all__ = ["__version__", "SolarError", "SpecError", "LayoutError", "DecodeError", "WriteError", "Layout", "LayoutSpec",
            "build_layout", "load_layout", "Schedule", "ScheduleError", "plan"]

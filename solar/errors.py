@@ -2,7 +2,8 @@
 
 Every error that a user can cause (bad paths, bad data, bad options) is a
 :class:`SolarError` with a one-line message naming the culprit.  The CLI prints
-``solar: <message>`` and exits with status 2 instead of a traceback.
+``solar <command>: error: <message>`` and exits with status 2 instead of a traceback
+(130 on Ctrl-C, 143 on SIGTERM, 141 when stdout is a closed pipe).
 """
 
 
@@ -20,3 +21,7 @@ class LayoutError(SolarError):
 
 class DecodeError(SolarError):
     """Stored bytes of a block could not be decoded (corrupt or unsupported)."""
+
+
+class WriteError(SolarError):
+    """An output file or folder could not be written (disk full, read-only, missing folder)."""

@@ -154,7 +154,7 @@ def test_damaged_files(planned, tmp_path):
         Schedule.load(inc)
     with h5py.File(inc, "r+") as f:
         f.attrs["complete"] = 1
-        f.attrs["config"] = f.attrs["config"].replace('"world_size": 2', '"world_size": 3')
+        f.attrs["config"] = f.attrs["config"].decode().replace('"world_size": 2', '"world_size": 3')
     with pytest.raises(ScheduleError, match="header checksum mismatch"):
         Schedule.load(inc)
     with pytest.raises(ScheduleError, match="not a solar schedule file"):
@@ -202,3 +202,52 @@ def test_each_rank_reads_its_slice(comm, shared_tmp):
             assert f["ranks"][str(comm.rank)]["samples"].shape[0] == sum(len(x) for x in mine[:2 * s.steps_per_epoch])
     total = comm.allreduce(sum(len(x) for x in mine))
     assert total == 2 * sampler_sizes(200, P, False)[1]  # two epochs of the padded global index
+
+
+def test_source_is_found_from_any_cwd_and_after_moving(tmp_path, monkeypatch):
+    """The dataset path is stored relative to the schedule (and absolute): opening the plan from
+    another directory works, moving plan and data together works, moving the plan alone falls
+    back to the absolute path, and when neither exists the error names both."""
+    from solar.loader import SolarLoader
+    proj = tmp_path / "proj"
+    data = make_dataset(proj / "data", "ptychonn", "contiguous", samples=12)
+    (proj / "plans").mkdir()
+    monkeypatch.chdir(proj)
+    rel_data = os.path.relpath(data, proj)
+    solar.plan(rel_data, world_size=2, local_batch=3, epochs=1, buffer_fraction=0.5, out="plans/p.h5").close()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    plan = str(proj / "plans" / "p.h5")
+    with Schedule.load(plan) as s:
+        assert os.path.samefile(s.source, data)
+        assert s.summary()["source"] == os.path.join("..", rel_data)
+    loader = SolarLoader(plan, rank=1, threads=1)
+    assert len(next(iter(loader))["index"]) == 3
+    loader.close()
+    alone = str(elsewhere / "p.h5")
+    open(alone, "wb").write(open(plan, "rb").read())
+    with Schedule.load(alone) as s:  # relative path broken, absolute fallback
+        assert s.source == os.path.abspath(os.path.join(str(proj), rel_data))
+    moved = tmp_path / "moved"
+    os.rename(proj, moved)
+    with Schedule.load(str(moved / "plans" / "p.h5")) as s:  # plan and data moved together
+        assert os.path.samefile(s.source, str(moved / rel_data))
+    with Schedule.load(alone) as s, pytest.raises(ScheduleError, match="dataset it was planned from is neither at"):
+        s.source
+
+
+def test_version_1_files_are_read(planned, tmp_path, monkeypatch):
+    """A version-1 file (source relative to where solar plan ran, no source_abs) still opens and
+    resolves its dataset from that directory."""
+    from solar.schedule.format import header_digest
+    data, path = planned
+    with h5py.File(path, "r+") as f:
+        del f.attrs["source_abs"]
+        f.attrs["version"] = 1
+        f.attrs["source"] = os.path.join(os.path.basename(os.path.dirname(data)), os.path.basename(data))
+        f.attrs["header_sha256"] = header_digest(f.attrs, 1)
+    monkeypatch.chdir(os.path.dirname(os.path.dirname(data)))
+    with Schedule.load(path) as s:
+        assert s.version == 1 and os.path.samefile(s.source, data)
+        s.rank(1)

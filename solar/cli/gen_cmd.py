@@ -6,6 +6,7 @@ import sys
 import time
 
 from ..gen import PRESETS, STORAGE_PRESETS, GenConfig, Storage, generate
+from .argtypes import non_negative_int, positive_int
 
 HELP = """\
 presets:
@@ -36,13 +37,13 @@ def add_parser(sub):
                        epilog=HELP, formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
     p.add_argument("preset", choices=sorted(PRESETS), metavar="PRESET", help=", ".join(sorted(PRESETS)))
     p.add_argument("outdir", metavar="OUTDIR", help="output folder (created)")
-    p.add_argument("--samples", type=int, help="samples (trajectories per train file for well)")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    p.add_argument("--size", type=int, help="spatial edge S (scale down for tests)")
-    p.add_argument("--steps", type=int, help="time steps T (well, pdebench)")
+    p.add_argument("--samples", type=positive_int, help="samples (trajectories per train file for well)")
+    p.add_argument("--seed", type=non_negative_int, default=0, help="random seed (default 0)")
+    p.add_argument("--size", type=positive_int, help="spatial edge S (scale down for tests)")
+    p.add_argument("--steps", type=positive_int, help="time steps T (well, pdebench)")
     p.add_argument("--variant", choices=("single", "mult"), help="pdebench variant (default single)")
     p.add_argument("--storage", choices=sorted(STORAGE_PRESETS), help="storage layout (see below)")
-    p.add_argument("--chunk-samples", type=int, help="samples per chunk for multi/gzip/lzf (default 4)")
+    p.add_argument("--chunk-samples", type=positive_int, help="samples per chunk for multi/gzip/lzf (default 4)")
     p.add_argument("--fletcher32", action="store_true", default=None, help="add Fletcher-32 checksums")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the written spec as JSON")

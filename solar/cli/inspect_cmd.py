@@ -39,6 +39,6 @@ def _is_schedule(path: str) -> bool:
     from ..schedule.format import FORMAT
     try:
         with h5py.File(path, "r", locking=False) as f:
-            return f.attrs.get("format") == FORMAT
+            return f.attrs.get("format") in (FORMAT, FORMAT.encode())  # str (version 1) or fixed-length bytes
     except (OSError, ValueError):
         return False

@@ -5,7 +5,7 @@ import argparse
 import json
 import sys
 
-from ..scheduler.config import parse_bytes
+from .argtypes import byte_size, epsilon, fraction, non_negative_int, positive_int
 from ..scheduler.policies import POLICIES
 
 EPILOG = """\
@@ -25,15 +25,15 @@ def add_parser(sub):
                        description="Plan a distributed training job on a dataset layout and write the schedule.",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("spec", metavar="SPEC", help="layout spec, folder holding solar-layout.json, or HDF5 file")
-    p.add_argument("-P", "--world-size", type=int, required=True, help="number of training ranks")
-    p.add_argument("-b", "--local-batch", type=int, required=True, help="samples per rank per step")
-    p.add_argument("--epochs", type=int, required=True)
+    p.add_argument("-P", "--world-size", type=positive_int, required=True, help="number of training ranks")
+    p.add_argument("-b", "--local-batch", type=positive_int, required=True, help="samples per rank per step")
+    p.add_argument("--epochs", type=positive_int, required=True)
     g = p.add_mutually_exclusive_group(required=True)
-    g.add_argument("--buffer-per-rank", type=parse_bytes, help="decoded bytes each rank may buffer (2GiB, 5e8)")
-    g.add_argument("--buffer-fraction", type=float, help="aggregate buffer / dataset bytes")
-    p.add_argument("--seed", type=int, default=0, help="DistributedSampler seed (default 0)")
+    g.add_argument("--buffer-per-rank", type=byte_size, help="decoded bytes each rank may buffer (2GiB, 5e8)")
+    g.add_argument("--buffer-fraction", type=fraction, help="aggregate buffer / dataset bytes")
+    p.add_argument("--seed", type=non_negative_int, default=0, help="DistributedSampler seed (default 0)")
     p.add_argument("--drop-last", action="store_true", help="as DistributedSampler(drop_last=True)")
-    p.add_argument("--epsilon", type=float, default=0.0,
+    p.add_argument("--epsilon", type=epsilon, default=0.0,
                    help="allowed per-rank batch imbalance (0: every rank gets exactly b samples)")
     p.add_argument("--policy", default="solar", choices=[k for k, v in POLICIES.items() if not v.single_buffer],
                    help="planning policy (default solar)")

@@ -5,10 +5,10 @@ import json
 import sys
 
 from ..errors import SpecError
-from ..scheduler.config import parse_bytes
 from ..scheduler.policies import POLICIES
 from ..scheduler.run import Demand
 from ..scheduler.simulate import dataset_bytes, format_table, plot, simulate
+from .argtypes import byte_size, epsilon, fraction, non_negative_int, positive_int
 
 EPILOG = """\
 policies: torch (DistributedSampler + per-rank LRU), nopfs (DistributedSampler + per-rank Belady that
@@ -33,18 +33,18 @@ def add_parser(sub):
                                    "synthetic one (--samples/--sample-bytes).",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("spec", nargs="?", metavar="SPEC", help="layout spec, folder, or HDF5 file")
-    p.add_argument("--samples", type=int, help="synthetic: number of samples")
-    p.add_argument("--sample-bytes", type=parse_bytes, help="synthetic: bytes per sample")
-    p.add_argument("--samples-per-block", type=int, default=1, help="synthetic: samples sharing one block")
-    p.add_argument("--blocks-per-sample", type=int, default=1, help="synthetic: blocks per sample")
-    p.add_argument("-P", "--world-size", type=int, required=True)
-    p.add_argument("-b", "--local-batch", type=int, required=True)
-    p.add_argument("--epochs", type=int, default=5)
+    p.add_argument("--samples", type=positive_int, help="synthetic: number of samples")
+    p.add_argument("--sample-bytes", type=byte_size, help="synthetic: bytes per sample")
+    p.add_argument("--samples-per-block", type=positive_int, default=1, help="synthetic: samples sharing one block")
+    p.add_argument("--blocks-per-sample", type=positive_int, default=1, help="synthetic: blocks per sample")
+    p.add_argument("-P", "--world-size", type=positive_int, required=True)
+    p.add_argument("-b", "--local-batch", type=positive_int, required=True)
+    p.add_argument("--epochs", type=positive_int, default=5)
     g = p.add_mutually_exclusive_group(required=True)
-    g.add_argument("--buffer-per-rank", type=parse_bytes, nargs="+", help="bytes per rank (2GiB, 5e8, ...)")
-    g.add_argument("--buffer-fraction", type=float, nargs="+", help="aggregate buffer / dataset bytes")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--epsilon", type=float, default=0.0,
+    g.add_argument("--buffer-per-rank", type=byte_size, nargs="+", help="bytes per rank (2GiB, 5e8, ...)")
+    g.add_argument("--buffer-fraction", type=fraction, nargs="+", help="aggregate buffer / dataset bytes")
+    p.add_argument("--seed", type=non_negative_int, default=0)
+    p.add_argument("--epsilon", type=epsilon, default=0.0,
                    help="solar: local batches may range over [ceil(b(1-eps)), floor(b(1+eps))] (default 0)")
     p.add_argument("--drop-last", action="store_true")
     p.add_argument("--no-group-blocks", dest="group_blocks", action="store_false",

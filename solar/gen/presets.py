@@ -1,7 +1,9 @@
 """Synthetic datasets with the real projects' HDF5 layouts (see docs/datasets.md).
 
 Every preset is ``fn(outdir, cfg) -> LayoutSpec``: it writes HDF5 files under
-``outdir`` and returns the spec it saved as ``outdir/solar-layout.json``.
+``outdir`` and returns the spec it saved as ``outdir/solar-layout.json``.  Every file
+is written under a temporary name and renamed once complete (:mod:`solar.atomic`), so
+a full disk, an error or a signal never leaves a half-written file.
 Data is seeded per sample, so the same seed gives the same values whatever the
 batching, and different samples differ.
 """
@@ -14,8 +16,9 @@ from typing import Optional
 import h5py
 import numpy as np
 
-from ..errors import SpecError
-from ..layout.spec import LayoutSpec
+from ..atomic import AtomicH5, os_reason, write_atomic
+from ..errors import SpecError, WriteError
+from ..layout.spec import SPEC_FILENAME, LayoutSpec
 from .fields import diffraction, smooth_frames
 from .storage import Storage
 
@@ -63,7 +66,8 @@ def gen_ptychonn(outdir: str, cfg: GenConfig) -> LayoutSpec:
     st = _storage(cfg, Storage())
     path = os.path.join(outdir, "ptychonn.h5")
     names = ("X_train", "Y_I_train", "Y_phi_train")
-    with h5py.File(path, "w") as f, _bar(n, "ptychonn", cfg.progress) as bar:
+    with AtomicH5(path) as out, _bar(n, "ptychonn", cfg.progress) as bar:
+        f = out.file
         shape = (n, s, s, 1)
         dsets = [f.create_dataset(nm, shape=shape, dtype="f4", **st.kwargs(shape, 1)) for nm in names]
         step = 64
@@ -79,9 +83,10 @@ def gen_ptychonn(outdir: str, cfg: GenConfig) -> LayoutSpec:
                 batch[2, i - lo, ..., 0] = phase
             for k, d in enumerate(dsets):
                 d[lo:hi] = batch[k]
+            out.check()
             bar.update(hi - lo)
     spec = LayoutSpec("rows", ("ptychonn.h5",), names, root=outdir, name="ptychonn")
-    spec.save(outdir)
+    _save_spec(spec, outdir)
     return spec
 
 
@@ -94,7 +99,8 @@ WELL_FIELDS = ("t0_fields/density", "t0_fields/pressure", "t1_fields/velocity")
 def _write_well_file(path: str, n_traj: int, T: int, nx: int, ny: int, tcool: float, st: Storage,
                      seed: int, file_key: int, bar):
     str_dt = h5py.string_dtype()
-    with h5py.File(path, "w") as f:
+    with AtomicH5(path) as out:
+        f = out.file
         f.attrs["dataset_name"] = WELL_NAME
         f.attrs["grid_type"] = "cartesian"
         f.attrs["n_spatial_dims"] = 2
@@ -144,6 +150,7 @@ def _write_well_file(path: str, n_traj: int, T: int, nx: int, ny: int, tcool: fl
             dsets["t0_fields/pressure"][b] = 1.0 + 0.1 * smooth_frames(rng, (nx, ny), T)
             vel = np.stack([smooth_frames(rng, (nx, ny), T), smooth_frames(rng, (nx, ny), T)], axis=-1)
             dsets["t1_fields/velocity"][b] = vel  # (T, X, Y, 2)
+            out.check()
             bar.update(1)
 
 
@@ -161,7 +168,7 @@ def gen_well(outdir: str, cfg: GenConfig) -> LayoutSpec:
     jobs = []
     for split, nt in (("train", n_traj), ("valid", n_small), ("test", n_small)):
         folder = os.path.join(outdir, WELL_NAME, "data", split)
-        os.makedirs(folder, exist_ok=True)
+        _makedirs(folder)
         for p_idx, tcool in enumerate(WELL_PARAMS):
             jobs.append((os.path.join(folder, f"{WELL_NAME}_tcool_{tcool}.hdf5"), nt, tcool, len(jobs)))
     with _bar(sum(j[1] for j in jobs), "well (trajectories)", cfg.progress) as bar:
@@ -169,7 +176,7 @@ def gen_well(outdir: str, cfg: GenConfig) -> LayoutSpec:
             _write_well_file(path, nt, T, nx, ny, tcool, st, cfg.seed, key, bar)
     spec = LayoutSpec("windows", (f"{WELL_NAME}/data/train/*.hdf5",), WELL_FIELDS, root=outdir,
                       n_steps_input=4, n_steps_output=1, dt=1, name="well")
-    spec.save(outdir)
+    _save_spec(spec, outdir)
     return spec
 
 
@@ -188,7 +195,8 @@ def gen_pdebench(outdir: str, cfg: GenConfig) -> LayoutSpec:
         n, T = cfg.samples or 100, cfg.steps or 21
         st = _storage(cfg, Storage())
         names = ("density", "pressure", "Vx", "Vy")
-        with h5py.File(os.path.join(outdir, PDE_SINGLE), "w") as f, _bar(n, "pdebench single", cfg.progress) as bar:
+        with AtomicH5(os.path.join(outdir, PDE_SINGLE)) as out, _bar(n, "pdebench single", cfg.progress) as bar:
+            f = out.file
             shape = (n, T, s, s)
             dsets = [f.create_dataset(nm, shape=shape, dtype="f4", **st.kwargs(shape, 1)) for nm in names]
             grid = np.linspace(0, 1, s, endpoint=False, dtype=np.float32) + 0.5 / s
@@ -201,12 +209,14 @@ def gen_pdebench(outdir: str, cfg: GenConfig) -> LayoutSpec:
                 dsets[1][i] = 1.0 + 0.1 * smooth_frames(rng, (s, s), T)
                 dsets[2][i] = 0.1 * smooth_frames(rng, (s, s), T)
                 dsets[3][i] = 0.1 * smooth_frames(rng, (s, s), T)
+                out.check()
                 bar.update(1)
         spec = LayoutSpec("rows", (PDE_SINGLE,), names, root=outdir, name="pdebench-single")
     else:
         n, T = cfg.samples or 50, cfg.steps or 101
         st = _storage(cfg, Storage(chunk_samples=1, compression="lzf"))
-        with h5py.File(os.path.join(outdir, PDE_MULT), "w") as f, _bar(n, "pdebench mult", cfg.progress) as bar:
+        with AtomicH5(os.path.join(outdir, PDE_MULT)) as out, _bar(n, "pdebench mult", cfg.progress) as bar:
+            f = out.file
             for i in range(n):
                 rng = _rng(cfg.seed, 4, i)
                 g = f.create_group(f"{i:04d}")
@@ -216,9 +226,10 @@ def gen_pdebench(outdir: str, cfg: GenConfig) -> LayoutSpec:
                 grid.create_dataset("x", data=np.linspace(-1, 1, s, dtype=np.float32))
                 grid.create_dataset("y", data=np.linspace(-1, 1, s, dtype=np.float32))
                 grid.create_dataset("t", data=np.linspace(0, 5, T, dtype=np.float32))
+                out.check()
                 bar.update(1)
         spec = LayoutSpec("whole", (PDE_MULT,), ("data",), root=outdir, groups="*", name="pdebench-mult")
-    spec.save(outdir)
+    _save_spec(spec, outdir)
     return spec
 
 
@@ -235,12 +246,12 @@ def gen_cosmoflow(outdir: str, cfg: GenConfig) -> LayoutSpec:
             for c in range(4):  # redshift channels: log-normal densities as particle counts
                 dens = np.exp(0.8 * smooth_frames(rng, (s, s, s)) + 0.5 * c / 4)
                 full[..., c] = np.minimum(np.floor(3.0 * dens), 32767).astype(np.int16)
-            with h5py.File(os.path.join(outdir, f"univ_{i:05d}.hdf5"), "w") as f:
-                f.create_dataset("full", data=full, **st.kwargs(full.shape, 0))
-                f.create_dataset("unitPar", data=rng.uniform(-1, 1, 4).astype(np.float32))
+            with AtomicH5(os.path.join(outdir, f"univ_{i:05d}.hdf5")) as out:
+                out.file.create_dataset("full", data=full, **st.kwargs(full.shape, 0))
+                out.file.create_dataset("unitPar", data=rng.uniform(-1, 1, 4).astype(np.float32))
             bar.update(1)
     spec = LayoutSpec("whole", ("univ_*.hdf5",), ("full", "unitPar"), root=outdir, name="cosmoflow")
-    spec.save(outdir)
+    _save_spec(spec, outdir)
     return spec
 
 
@@ -251,5 +262,18 @@ def generate(preset: str, outdir: str, cfg: GenConfig = GenConfig()) -> LayoutSp
     """Write preset ``preset`` into ``outdir`` (created) and return its saved spec."""
     if preset not in PRESETS:
         raise SpecError(f"unknown preset {preset!r}; valid presets: {', '.join(PRESETS)}")
-    os.makedirs(outdir, exist_ok=True)
+    _makedirs(outdir)
     return PRESETS[preset](os.path.abspath(outdir), cfg)
+
+
+def _makedirs(folder: str):
+    """``os.makedirs(folder, exist_ok=True)``; :class:`WriteError` naming the folder and the OS reason."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as exc:
+        raise WriteError(f"cannot create output folder {folder}: {os_reason(exc)}") from None
+
+
+def _save_spec(spec: LayoutSpec, outdir: str):
+    """``outdir/solar-layout.json`` through a temporary name: it appears complete or not at all."""
+    write_atomic(os.path.join(outdir, SPEC_FILENAME), spec.save)

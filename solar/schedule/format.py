@@ -1,10 +1,10 @@
-"""The schedule file format (HDF5), version 1.
+"""The schedule file format (HDF5), version 2 (version 1 files are still read).
 
 ::
 
     /                       attrs: format="solar-schedule", version, solar_version, policy, config (JSON of
-                            PlanConfig), fingerprint (layout's), source, n_samples, n_blocks, steps_per_epoch,
-                            id_dtype, complete (1 once fully written), header_sha256
+                            PlanConfig), fingerprint (layout's), source, source_abs, n_samples, n_blocks,
+                            steps_per_epoch, id_dtype, complete (1 once fully written), header_sha256
     /demand/sample_ptr      int64[N+1]  sample -> blocks CSR (what the buffer needs to know of the layout)
     /demand/sample_blocks   id[nnz]
     /demand/block_nbytes    int64[B]    decoded bytes (buffer slots)
@@ -24,37 +24,82 @@
 Every dataset carries an ``sha256`` attribute of its bytes (little-endian), checked when
 read; the root attributes carry ``header_sha256``.  A rank reads only ``/ranks/<r>``
 and ``/demand``.  ``id`` is int32 when sample and block ids fit, else int64.
+
+``source`` is the dataset the plan was made from (layout spec, folder or HDF5 file),
+relative to the schedule file's folder, and ``source_abs`` the same path made absolute
+when planning ("" for both when planned from a Layout or Demand object).  In version 1
+``source`` was the path as given, relative to the directory ``solar plan`` ran in,
+and there was no ``source_abs``.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+from typing import Optional, Tuple
 
+import h5py
 import numpy as np
 
 FORMAT = "solar-schedule"
-VERSION = 1
+VERSION = 2
+READABLE_VERSIONS = (1, 2)
 STATS = ("hits", "hit_bytes", "misses", "miss_bytes", "stored_bytes")
 RANK_LISTS = ("samples", "load", "evict")
-HEADER_KEYS = ("format", "version", "solar_version", "policy", "config", "fingerprint", "source", "n_samples",
-               "n_blocks", "steps_per_epoch", "id_dtype")
+HEADER_KEYS_V1 = ("format", "version", "solar_version", "policy", "config", "fingerprint", "source", "n_samples",
+                  "n_blocks", "steps_per_epoch", "id_dtype")
+HEADER_KEYS = HEADER_KEYS_V1 + ("source_abs",)
 
 
 def id_dtype(n_samples: int, n_blocks: int) -> np.dtype:
     return np.dtype("<i4") if max(n_samples, n_blocks) < 2**31 - 1 else np.dtype("<i8")
 
 
-def header_digest(attrs) -> str:
-    """sha256 of the header attributes in a canonical JSON form."""
+def header_keys(version: int) -> Tuple[str, ...]:
+    """The root attributes ``header_sha256`` covers in files of format ``version``."""
+    return HEADER_KEYS_V1 if version == 1 else HEADER_KEYS
+
+
+def header_digest(attrs, version: int = VERSION) -> str:
+    """sha256 of the header attributes of a version-``version`` file in a canonical JSON form."""
     def norm(v):
         if isinstance(v, bytes):
             return v.decode()
         if isinstance(v, np.generic):
             return v.item()
         return v
-    doc = {k: norm(attrs[k]) for k in HEADER_KEYS}
+    doc = {k: norm(attrs[k]) for k in header_keys(version)}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
 def array_digest(arr: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(arr).tobytes()).hexdigest()
+
+
+def source_paths(source: str, schedule_path: Optional[str]) -> Tuple[str, str]:
+    """``(relative to the schedule file's folder, absolute)`` forms of the dataset path ``source``
+    (relative to the current directory or absolute).  Both are ``""`` when ``source`` is; an
+    in-memory schedule (``schedule_path`` None), or a path with no relative form, stores the
+    absolute path twice."""
+    if not source:
+        return "", ""
+    absolute = os.path.abspath(source)
+    if schedule_path is None:
+        return absolute, absolute
+    try:
+        return os.path.relpath(absolute, os.path.dirname(os.path.abspath(schedule_path))), absolute
+    except ValueError:  # another drive (Windows)
+        return absolute, absolute
+
+
+# HDF5 object formats of 1.8 and later: superblock, object headers and chunk indexes carry
+# checksums that libhdf5 verifies when it reads them, so damaged metadata is refused instead of
+# being parsed (a damaged version-0 object header can crash or hang the library).
+LIBVER = ("v108", "latest")
+
+
+def put_text(attrs, name: str, value: str):
+    """Store ``value`` as a fixed-length UTF-8 attribute: it lives in the (checksummed) object header,
+    where a variable-length string would live in the global heap, which has no checksum."""
+    raw = value.encode()
+    attrs.create(name, np.array(raw, dtype=h5py.string_dtype("utf-8", max(1, len(raw)))))

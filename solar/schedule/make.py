@@ -4,11 +4,12 @@ from __future__ import annotations
 from typing import Optional, Union
 
 from ..errors import SpecError
-from ..scheduler.config import PlanConfig, parse_bytes
+from ..scheduler.config import MAX_BYTES, PlanConfig, check_count, check_fraction, parse_bytes
 from ..scheduler.policies import get_policy
 from ..scheduler.run import Demand, run_policy
 from ..scheduler.sampler import steps_per_epoch
 from ..scheduler.simulate import dataset_bytes
+from .output import check_folder, check_target
 from .schedule import Schedule
 from .writer import ScheduleWriter
 
@@ -17,11 +18,13 @@ def buffer_bytes(demand: Demand, world_size: int, buffer_per_rank=None, buffer_f
     """Per-rank budget from bytes ('2GiB') or a fraction of the dataset's decoded bytes."""
     if (buffer_per_rank is None) == (buffer_fraction is None):
         raise SpecError("give exactly one of buffer_per_rank and buffer_fraction")
+    check_count("world_size", world_size)
     if buffer_fraction is not None:
-        f = float(buffer_fraction)
-        if not f > 0:
-            raise SpecError(f"buffer_fraction must be > 0, got {buffer_fraction!r}")
-        return int(f * dataset_bytes(demand) / world_size)
+        f = check_fraction("buffer_fraction", buffer_fraction)
+        b = f * dataset_bytes(demand) / world_size
+        if b > MAX_BYTES:
+            raise SpecError(f"buffer_fraction {buffer_fraction!r} gives {b:.3g} bytes per rank, more than 2**62")
+        return int(b)
     return parse_bytes(buffer_per_rank)
 
 
@@ -33,16 +36,22 @@ def plan(data: Union[str, "Demand", object], *, world_size: int, local_batch: in
     ``data``: a layout spec path / folder / HDF5 file, a :class:`~solar.layout.Layout`
     or a :class:`~solar.scheduler.Demand`.
     """
+    for name, v in (("world_size", world_size), ("local_batch", local_batch), ("epochs", epochs)):
+        check_count(name, v)
+    pol = get_policy(policy)
+    if pol.single_buffer:
+        raise SpecError(f"policy {policy!r} is a bound with one shared buffer, not a per-rank plan; "
+                        f"plan with solar, nopfs, torch or solar2023")
+    if out is not None:
+        check_folder(out)
     source = ""
     if isinstance(data, str):
         from ..layout import load_layout
         source = data
         data = load_layout(data, progress=progress)
+    if out is not None:  # before planning: never replace the data (or anything not a schedule) with a schedule
+        check_target(out, getattr(data, "files", ()), getattr(data, "spec", None))
     demand = data if isinstance(data, Demand) else Demand.from_layout(data)
-    pol = get_policy(policy)
-    if pol.single_buffer:
-        raise SpecError(f"policy {policy!r} is a bound with one shared buffer, not a per-rank plan; "
-                        f"plan with solar, nopfs, torch or solar2023")
     cfg = PlanConfig(world_size, local_batch, epochs,
                      buffer_bytes(demand, world_size, buffer_per_rank, buffer_fraction),
                      seed=seed, drop_last=drop_last, epsilon=epsilon)
@@ -51,7 +60,7 @@ def plan(data: Union[str, "Demand", object], *, world_size: int, local_batch: in
     try:
         res = run_policy(demand, cfg, pol, record=True, on_epoch=w.add_epoch, progress=progress)
         h5 = w.close(res)
-    except BaseException:
+    except BaseException:  # errors, a full disk, Ctrl-C, SIGTERM: no temporary file is left behind
         w.abort()
         raise
     if out is None:

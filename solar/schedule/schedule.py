@@ -1,8 +1,8 @@
 """Open and query a schedule file: :class:`Schedule` (job-wide) and :class:`RankPlan` (one rank)."""
 from __future__ import annotations
 
-import json
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Dict, Optional
 
@@ -10,8 +10,11 @@ import h5py
 import numpy as np
 
 from ..errors import SolarError
-from ..scheduler.config import PlanConfig
-from .format import FORMAT, RANK_LISTS, STATS, VERSION, array_digest, header_digest
+from . import checks
+from .format import FORMAT, RANK_LISTS, READABLE_VERSIONS, STATS, array_digest, header_digest
+
+# what h5py, numpy and json raise on a damaged file (turned into ScheduleError where the file is read)
+LOW_LEVEL = (OSError, KeyError, ValueError, TypeError, RuntimeError, IndexError, OverflowError, RecursionError)
 
 
 class ScheduleError(SolarError):
@@ -72,35 +75,65 @@ class RankPlan:
 class Schedule:
     """A planned job, opened from its file (``Schedule.load``) or returned by ``solar.plan``.
 
-    Job-wide figures are read when opened; a rank's slice is read (and its
-    checksums verified) only when asked for with :meth:`rank`.
+    Job-wide figures are read and validated when opened; a rank's slice is read (its
+    checksums verified, its ids and replay checked) only when asked for with :meth:`rank`.
+    Anything damaged, whatever its checksum, raises :class:`ScheduleError`.
     """
 
     def __init__(self, h5: h5py.File, path: str, verify: bool = True):
         self._f, self.path, self.verify = h5, path, verify
-        a = h5.attrs
-        if a.get("format") != FORMAT:
-            raise ScheduleError(f"{path}: not a solar schedule file (format attribute {a.get('format')!r})")
-        if int(a.get("version", -1)) != VERSION:
-            raise ScheduleError(f"{path}: schedule format version {a.get('version')}, this solar reads {VERSION}; "
-                                f"re-run solar plan")
-        if int(a.get("complete", 0)) != 1:
-            raise ScheduleError(f"{path}: incomplete schedule (the planner did not finish writing it)")
-        if header_digest(a) != a.get("header_sha256"):
-            raise ScheduleError(f"{path}: header checksum mismatch: the file is damaged")
-        self.config = PlanConfig(**json.loads(a["config"]))
-        self.policy = str(a["policy"])
-        self.fingerprint = str(a["fingerprint"])
-        self.source = str(a["source"])
-        self.n_samples, self.n_blocks = int(a["n_samples"]), int(a["n_blocks"])
-        self.steps_per_epoch = int(a["steps_per_epoch"])
-        self.solar_version = str(a["solar_version"])
-        self.epoch_order = self._read("epochs/source_epoch")
-        self._epochs = {k: self._read(f"epochs/{k}") for k in ("hit_bytes", "miss_bytes", "stored_bytes",
-                                                                "demand_bytes", "max_local_batch", "min_local_batch",
-                                                                "rank_miss_bytes")}
         self._ranks: Dict[int, RankPlan] = {}
         self._demand: Optional[Dict[str, np.ndarray]] = None
+        with self._reading("the header"):
+            self._max_bytes = int(h5.id.get_filesize())
+            self._read_header(h5.attrs)
+        with self._reading("/epochs"):
+            self._read_epochs()
+
+    def _read_header(self, a):
+        """Root attributes -> validated job figures (types, ranges, checksum, agreement)."""
+        self._check_kind(a)
+        texts = {k: checks.attr_str(a, k) for k in ("solar_version", "policy", "config", "fingerprint", "source",
+                                                     "id_dtype", "header_sha256")}
+        self.source_abs = checks.attr_str(a, "source_abs") if self.version > 1 else ""
+        ints = {k: checks.attr_int(a, k) for k in ("n_samples", "n_blocks", "steps_per_epoch")}
+        if header_digest(a, self.version) != texts["header_sha256"]:
+            raise ScheduleError(f"{self.path}: header checksum mismatch: the file is damaged")
+        self.config = checks.parse_config(texts["config"])
+        self.policy, self.fingerprint = texts["policy"], texts["fingerprint"]
+        self.solar_version, self.source_rel = texts["solar_version"], texts["source"]
+        self.n_samples, self.n_blocks = ints["n_samples"], ints["n_blocks"]
+        self.steps_per_epoch = ints["steps_per_epoch"]
+        checks.check_sizes(self.config, self.n_samples, self.n_blocks, self.steps_per_epoch, texts["id_dtype"])
+        self.id_dtype = np.dtype(texts["id_dtype"])
+        ranks = self._f["ranks"] if "ranks" in self._f else None
+        P = self.world_size
+        if not isinstance(ranks, h5py.Group) or len(ranks) != P or any(str(r) not in ranks for r in range(P)):
+            raise checks.Damaged(f"/ranks does not hold one group per rank 0..{P - 1}")
+
+    def _check_kind(self, a):
+        """A solar schedule, of a format version this solar reads, completely written; sets ``version``."""
+        try:
+            kind = checks.attr_str(a, "format")
+        except checks.Damaged:
+            kind = None
+        if kind != FORMAT:
+            raise ScheduleError(f"{self.path}: not a solar schedule file (format attribute {kind!r})")
+        version = a["version"] if "version" in a else None
+        if not isinstance(version, (int, np.integer)) or int(version) not in READABLE_VERSIONS:
+            raise ScheduleError(f"{self.path}: schedule format version {version}, this solar reads "
+                                f"{' and '.join(map(str, READABLE_VERSIONS))}; re-run solar plan")
+        self.version = int(version)
+        if "complete" not in a or not isinstance(a["complete"], (int, np.integer)) or int(a["complete"]) != 1:
+            raise ScheduleError(f"{self.path}: incomplete schedule (the planner did not finish writing it)")
+
+    def _read_epochs(self):
+        E, P = self.epochs, self.world_size
+        self.epoch_order = self._read("epochs/source_epoch", "<i8", (E,))
+        self._epochs = {k: self._read(f"epochs/{k}", "<i8", (E,)) for k in (
+            "hit_bytes", "miss_bytes", "stored_bytes", "demand_bytes", "max_local_batch", "min_local_batch")}
+        self._epochs["rank_miss_bytes"] = self._read("epochs/rank_miss_bytes", "<i8", (E, P))
+        checks.check_epochs({"source_epoch": self.epoch_order, **self._epochs}, E)
 
     # ------------------------------------------------------------------ open
     @classmethod
@@ -111,18 +144,15 @@ class Schedule:
             raise ScheduleError(f"no schedule file {path!r} (make one with solar plan)")
         try:
             h5 = h5py.File(path, "r", locking=False)
-        except OSError as exc:
+        except LOW_LEVEL as exc:
             raise ScheduleError(f"{path}: cannot open as a schedule (damaged or truncated file?): "
-                                f"{str(exc).splitlines()[0]}") from None
+                                f"{_first_line(exc)}") from None
         try:
             s = cls(h5, path, verify)
-        except (KeyError, OSError, ValueError) as exc:
-            h5.close()
-            raise ScheduleError(f"{path}: damaged schedule file ({type(exc).__name__}: {exc})") from None
+            s.check(layout=layout, fingerprint=fingerprint, world_size=world_size)
         except BaseException:
             h5.close()
             raise
-        s.check(layout=layout, fingerprint=fingerprint, world_size=world_size)
         return s
 
     def check(self, *, layout=None, fingerprint: Optional[str] = None, world_size: Optional[int] = None):
@@ -150,18 +180,54 @@ class Schedule:
         return (f"Schedule({self.path!r}, policy={self.policy}, world_size={self.world_size}, epochs={self.epochs}, "
                 f"steps_per_epoch={self.steps_per_epoch})")
 
-    def _read(self, name: str) -> np.ndarray:
+    @contextmanager
+    def _reading(self, what: str):
+        """Turn what a damaged file makes h5py, numpy or the checks raise into one-line ScheduleErrors."""
         try:
-            ds = self._f[name]
-            arr = ds[()]
-        except KeyError:
-            raise ScheduleError(f"{self.path}: damaged schedule file: {name} is missing") from None
-        except OSError as exc:
-            raise ScheduleError(f"{self.path}: cannot read {name} (damaged or truncated file?): "
-                                f"{str(exc).splitlines()[0]}") from None
-        if self.verify and array_digest(arr) != ds.attrs.get("sha256"):
-            raise ScheduleError(f"{self.path}: checksum mismatch in {name}: the file is damaged")
+            yield
+        except SolarError:
+            raise
+        except checks.Damaged as exc:
+            raise ScheduleError(f"{self.path}: damaged schedule file: {exc}") from None
+        except LOW_LEVEL as exc:
+            raise ScheduleError(f"{self.path}: cannot read {what} (damaged or truncated file?): "
+                                f"{type(exc).__name__}: {_first_line(exc)}") from None
+
+    def _read(self, name: str, dtype, shape) -> np.ndarray:
+        """Dataset ``name``, checked to be ``dtype`` of ``shape`` (None: any length) before it is read,
+        and against its checksum after."""
+        ds = self._f[name] if name in self._f else None
+        if not isinstance(ds, h5py.Dataset):
+            raise checks.Damaged(f"{name} is missing" if ds is None else f"{name} is not a dataset")
+        checks.check_meta(name, ds.dtype, ds.shape, dtype, shape, self._max_bytes)
+        arr = ds[()]
+        if self.verify:
+            try:
+                want = checks.attr_str(ds.attrs, "sha256")
+            except checks.Damaged:
+                want = None
+            if array_digest(arr) != want:
+                raise ScheduleError(f"{self.path}: checksum mismatch in {name}: the file is damaged")
         return arr
+
+    # ---------------------------------------------------------------- source
+    @property
+    def source(self) -> str:
+        """The dataset this schedule was planned from, as a path usable from here ("" if none is recorded):
+        see :meth:`source_path`."""
+        return self.source_path() if self.source_rel or self.source_abs else ""
+
+    def source_path(self) -> str:
+        """The recorded dataset path that exists: relative to the schedule file's folder, else the
+        absolute path recorded when planning (version 1 files: as given, else relative to the
+        schedule).  Raises :class:`ScheduleError` naming both when neither exists."""
+        here = os.path.join(os.path.dirname(os.path.abspath(self.path)), self.source_rel)
+        tries = [here, self.source_abs] if self.version > 1 else [self.source_rel, here]
+        for p in tries:
+            if p and os.path.exists(p):
+                return p
+        raise ScheduleError(f"{self.path}: the dataset it was planned from is neither at {tries[0]!r} nor at "
+                            f"{tries[1]!r}; pass its layout spec path (data=...)")
 
     # ----------------------------------------------------------------- shape
     @property
@@ -192,21 +258,37 @@ class Schedule:
 
     # ----------------------------------------------------------------- ranks
     def rank(self, r: int) -> RankPlan:
-        """Rank ``r``'s slice (read once, checksums verified)."""
-        if not 0 <= r < self.world_size:
-            raise ScheduleError(f"rank {r} out of range: the schedule has world size {self.world_size}")
+        """Rank ``r``'s slice, read once and verified: ids in range, the replay of its plan (residency,
+        budget) and, with ``verify``, checksums and its samples against DistributedSampler's batches."""
+        if isinstance(r, bool) or not isinstance(r, (int, np.integer)) or not 0 <= r < self.world_size:
+            raise ScheduleError(f"rank {r!r} out of range: the schedule has world size {self.world_size}")
+        r = int(r)
         if r not in self._ranks:
-            names = [n for x in RANK_LISTS for n in (x, x + "_count")] + ["stats"]
-            arrays = {n: self._read(f"ranks/{r}/{n}") for n in names}
-            G = self.n_steps
-            for n in names:
-                if n.endswith("_count") and arrays[n].shape != (G,):
-                    raise ScheduleError(f"{self.path}: rank {r} has {arrays[n].shape[0]} steps of {n}, expected {G}")
-            for x in RANK_LISTS:
-                if int(arrays[x + "_count"].sum()) != arrays[x].shape[0]:
-                    raise ScheduleError(f"{self.path}: rank {r}: {x} counts do not add up (damaged file)")
-            self._ranks[r] = RankPlan(r, arrays)
+            demand = self.demand()
+            with self._reading(f"ranks/{r}"):
+                self._ranks[r] = RankPlan(r, self._read_rank(r, demand["block_nbytes"]))
         return self._ranks[r]
+
+    def _read_rank(self, r: int, block_nbytes: np.ndarray) -> Dict[str, np.ndarray]:
+        """``/ranks/<r>`` arrays, each checked before it is read (counts first) and after."""
+        G, base = self.n_steps, f"ranks/{r}/"
+        arrays = {}
+        for x in RANK_LISTS:
+            cnt = self._read(base + x + "_count", "<i4", (G,))
+            checks.check_range(base + x + "_count", cnt, 0, 2**31)
+            arrays[x + "_count"] = cnt
+            arrays[x] = self._read(base + x, self.id_dtype, (int(cnt.sum(dtype=np.int64)),))
+        checks.check_range(base + "samples", arrays["samples"], 0, self.n_samples)
+        for x in ("load", "evict"):
+            checks.check_range(base + x, arrays[x], 0, self.n_blocks)
+        arrays["stats"] = self._read(base + "stats", "<i8", (G, len(STATS)))
+        checks.check_range(base + "stats", arrays["stats"], 0, 2**63 - 1)
+        checks.check_replay(r, arrays["load"], arrays["load_count"], arrays["evict"], arrays["evict_count"],
+                            block_nbytes, self.buffer_bytes)
+        if self.verify:
+            checks.check_sampler(r, arrays["samples"], arrays["samples_count"], self.n_samples, self.config,
+                                 self.epoch_order)
+        return arrays
 
     def batch(self, e: int, step: int, rank: int) -> np.ndarray:
         """Sample ids rank ``rank`` trains on at step ``step`` of epoch position ``e``."""
@@ -216,11 +298,24 @@ class Schedule:
         return self.rank(rank).step(e * self.steps_per_epoch + step).samples
 
     def demand(self) -> Dict[str, np.ndarray]:
-        """The sample -> blocks map and block sizes the plan was made for."""
+        """The sample -> blocks map and block sizes the plan was made for (read once, validated):
+        ``sample_ptr`` int64[N+1], ``sample_blocks`` id[nnz] in [0, B), ``block_nbytes`` and
+        ``block_stored`` int64[B] (bytes)."""
         if self._demand is None:
-            self._demand = {k: self._read(f"demand/{k}") for k in ("sample_ptr", "sample_blocks", "block_nbytes",
-                                                                  "block_stored")}
+            with self._reading("/demand"):
+                self._demand = self._read_demand()
         return self._demand
+
+    def _read_demand(self) -> Dict[str, np.ndarray]:
+        ptr = self._read("demand/sample_ptr", "<i8", (self.n_samples + 1,))
+        checks.check_ptr("demand/sample_ptr", ptr)
+        blocks = self._read("demand/sample_blocks", self.id_dtype, (int(ptr[-1]),))
+        checks.check_range("demand/sample_blocks", blocks, 0, self.n_blocks)
+        out = {"sample_ptr": ptr, "sample_blocks": blocks}
+        for k in ("block_nbytes", "block_stored"):
+            out[k] = self._read(f"demand/{k}", "<i8", (self.n_blocks,))
+            checks.check_block_bytes(f"demand/{k}", out[k])
+        return out
 
     # ------------------------------------------------------------ prediction
     def predicted(self) -> Dict[str, list]:
@@ -240,9 +335,15 @@ class Schedule:
     def summary(self) -> dict:
         p = self.predicted()
         return {"path": self.path, "policy": self.policy, "solar_version": self.solar_version,
-                "fingerprint": self.fingerprint, "source": self.source, "config": self.config.to_dict(),
+                "fingerprint": self.fingerprint, "source": self.source_rel, "source_abs": self.source_abs,
+                "format_version": self.version, "config": self.config.to_dict(),
                 "n_samples": self.n_samples, "n_blocks": self.n_blocks, "steps_per_epoch": self.steps_per_epoch,
                 "source_epochs": self.epoch_order.tolist(), "file_bytes": _file_size(self.path), **p}
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _file_size(path: str) -> Optional[int]:

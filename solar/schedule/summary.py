@@ -8,7 +8,7 @@ def format_schedule(s: dict) -> str:
     c = s["config"]
     size = f", {human_bytes(s['file_bytes'])}" if s.get("file_bytes") else ""
     lines = [f"schedule {s['path']} (policy {s['policy']}, solar {s['solar_version']}{size})",
-             f"  planned for: {s['source'] or 'a layout'}  fingerprint {s['fingerprint'][:16]}  "
+             f"  planned for: {s.get('source_abs') or s['source'] or 'a layout'}  fingerprint {s['fingerprint'][:16]}  "
              f"({s['n_samples']:,} samples, {s['n_blocks']:,} blocks)",
              f"  job: world size {c['world_size']}, local batch {c['local_batch']}, {c['epochs']} epochs x "
              f"{s['steps_per_epoch']} steps, buffer {human_bytes(c['buffer_bytes'])} per rank, seed {c['seed']}, "

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import uuid
 from typing import Dict, List, Optional
 
@@ -11,15 +10,17 @@ import h5py
 import numpy as np
 
 from .. import __version__
+from ..atomic import AtomicH5
 from ..scheduler.config import PlanConfig
 from ..scheduler.run import Demand, EpochPlan, PolicyResult
-from .format import FORMAT, RANK_LISTS, STATS, VERSION, array_digest, header_digest, id_dtype
+from .format import (FORMAT, LIBVER, RANK_LISTS, STATS, VERSION, array_digest, header_digest, id_dtype, put_text,
+                     source_paths)
 from .pack import csr_rank_major, samples_rank_major, split_rows
 
 
 def _put(group, name: str, arr: np.ndarray):
     ds = group.create_dataset(name, data=arr, track_times=False)
-    ds.attrs["sha256"] = array_digest(arr)
+    put_text(ds.attrs, "sha256", array_digest(arr))
     return ds
 
 
@@ -28,7 +29,8 @@ class ScheduleWriter:
 
     ``path=None`` keeps the file in memory (HDF5 core driver).  The file is written
     under a temporary name and renamed when :meth:`close` completes it, so a crashed
-    run never leaves a file that looks complete.
+    run never leaves a file that looks complete; :meth:`abort` removes it (a failed
+    write, e.g. a full disk, raises :class:`~solar.errors.WriteError` from the next call).
     """
 
     def __init__(self, path: Optional[str], demand: Demand, cfg: PlanConfig, policy: str, steps_per_epoch: int,
@@ -38,18 +40,31 @@ class ScheduleWriter:
         self.idt = id_dtype(demand.n_samples, demand.n_blocks)
         self.flush_bytes = flush_bytes
         if path is None:
-            self.tmp = None
-            self.f = h5py.File(f"solar-schedule-{uuid.uuid4().hex}.h5", "w", driver="core", backing_store=False)
+            self.out = None
+            self.f = h5py.File(f"solar-schedule-{uuid.uuid4().hex}.h5", "w", driver="core", backing_store=False,
+                               libver=LIBVER)
         else:
-            self.tmp = f"{path}.tmp-{os.getpid()}"
-            self.f = h5py.File(self.tmp, "w", locking=False)
+            self.out = AtomicH5(path, libver=LIBVER)
+            self.f = self.out.file
+        self.ds: List[Dict[str, h5py.Dataset]] = []
+        try:
+            self._start(demand, cfg, policy, source)
+        except BaseException:  # an error, Ctrl-C or SIGTERM while the file is created: leave nothing behind
+            self.abort()
+            raise
+
+    def _start(self, demand: Demand, cfg: PlanConfig, policy: str, source: str):
+        """Header attributes, ``/demand``, and the empty appendable ``/ranks/<r>`` datasets."""
+        path, steps_per_epoch = self.path, self.S
         a = self.f.attrs
-        a["format"], a["version"], a["solar_version"] = FORMAT, VERSION, __version__
-        a["policy"], a["config"] = policy, json.dumps(cfg.to_dict(), sort_keys=True)
-        a["fingerprint"], a["source"] = demand.fingerprint, source
-        a["n_samples"], a["n_blocks"] = demand.n_samples, demand.n_blocks
-        a["steps_per_epoch"], a["id_dtype"] = steps_per_epoch, self.idt.str
-        a["complete"] = 0
+        rel, absolute = source_paths(source, path)  # the dataset relative to the schedule file, and absolute
+        text = {"format": FORMAT, "solar_version": __version__, "policy": policy,
+                "config": json.dumps(cfg.to_dict(), sort_keys=True), "fingerprint": demand.fingerprint,
+                "source": rel, "source_abs": absolute, "id_dtype": self.idt.str}
+        for k, v in text.items():
+            put_text(a, k, v)
+        a["version"], a["n_samples"], a["n_blocks"] = VERSION, demand.n_samples, demand.n_blocks
+        a["steps_per_epoch"], a["complete"] = steps_per_epoch, 0
         g = self.f.create_group("demand")
         _put(g, "sample_ptr", np.asarray(demand.sample_ptr, dtype="<i8"))
         _put(g, "sample_blocks", np.asarray(demand.sample_blocks, dtype=self.idt))
@@ -60,7 +75,6 @@ class ScheduleWriter:
         per_rank = max(1, -(-total // self.P) * self.E)
         ids_chunk = int(min(1 << 18, max(1024, per_rank // 8)))
         cnt_chunk = int(min(1 << 16, max(64, self.S * self.E)))
-        self.ds: List[Dict[str, h5py.Dataset]] = []
         self.hash: List[Dict[str, "hashlib._Hash"]] = []
         ranks = self.f.create_group("ranks")
         for r in range(self.P):
@@ -80,6 +94,7 @@ class ScheduleWriter:
         self.pending: List[Dict[str, List[np.ndarray]]] = [{k: [] for k in self.ds[0]} for _ in range(self.P)]
         self.pending_bytes = 0
         self.epochs_written = 0
+        self._check()
 
     # ---------------------------------------------------------------- epochs
     def add_epoch(self, ep: EpochPlan):
@@ -119,9 +134,15 @@ class ScheduleWriter:
                 n = ds.shape[0]
                 ds.resize(n + arr.shape[0], axis=0)
                 ds[n:] = arr
+                self._check()
                 self.hash[r][name].update(arr.tobytes())
                 parts.clear()
         self.pending_bytes = 0
+
+    def _check(self):
+        """Raise :class:`~solar.errors.WriteError` as soon as a write to the file has failed."""
+        if self.out is not None:
+            self.out.check()
 
     # ----------------------------------------------------------------- close
     def close(self, result: PolicyResult):
@@ -131,25 +152,26 @@ class ScheduleWriter:
         self.flush()
         for r in range(self.P):
             for name, ds in self.ds[r].items():
-                ds.attrs["sha256"] = self.hash[r][name].hexdigest()
+                put_text(ds.attrs, "sha256", self.hash[r][name].hexdigest())
         g = self.f.create_group("epochs")
         _put(g, "source_epoch", np.asarray(result.epoch_order, dtype="<i8"))
         for name in ("hit_bytes", "miss_bytes", "stored_bytes", "demand_bytes", "max_local_batch",
                      "min_local_batch"):
             _put(g, name, np.asarray(getattr(result, name), dtype="<i8"))
         _put(g, "rank_miss_bytes", np.asarray(result.rank_miss_bytes, dtype="<i8").reshape(self.E, self.P))
-        self.f.attrs["header_sha256"] = header_digest(self.f.attrs)
+        put_text(self.f.attrs, "header_sha256", header_digest(self.f.attrs))
         self.f.attrs["complete"] = 1
-        if self.tmp is None:
+        if self.out is None:
             self.f.flush()
             return self.f
-        self.f.close()
-        os.replace(self.tmp, self.path)
+        self.ds = []
+        self.out.commit()
         return None
 
     def abort(self):
-        try:
+        """Close and discard the file (the temporary file is removed)."""
+        self.ds = []
+        if self.out is None:
             self.f.close()
-        finally:
-            if self.tmp and os.path.exists(self.tmp):
-                os.unlink(self.tmp)
+        else:
+            self.out.abort()

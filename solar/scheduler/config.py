@@ -1,9 +1,31 @@
 """Planner inputs, frozen and validated when built (errors name the bad value)."""
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import asdict, dataclass
 
 from ..errors import SpecError
+
+MAX_BYTES = 2**62  # largest byte size accepted: more than any machine holds, and int64 sums of it stay exact
+
+
+def check_count(name: str, value) -> int:
+    """``value`` if it is a positive integer (not a bool), else :class:`SpecError` naming ``name``."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise SpecError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def check_fraction(name: str, value) -> float:
+    """``value`` as a float if it is finite and > 0 (a buffer fraction), else :class:`SpecError`."""
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        raise SpecError(f"{name} must be a number > 0, got {value!r}") from None
+    if not (math.isfinite(f) and f > 0):
+        raise SpecError(f"{name} must be a finite number > 0, got {value!r}")
+    return f
 
 
 @dataclass(frozen=True)
@@ -24,14 +46,14 @@ class PlanConfig:
 
     def __post_init__(self):
         for name in ("world_size", "local_batch", "epochs"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise SpecError(f"{name} must be a positive integer, got {v!r}")
-        if not isinstance(self.buffer_bytes, int) or self.buffer_bytes < 0:
-            raise SpecError(f"buffer_bytes must be a non-negative integer, got {self.buffer_bytes!r}")
-        if not isinstance(self.seed, int) or self.seed < 0:
+            check_count(name, getattr(self, name))
+        b = self.buffer_bytes
+        if not isinstance(b, int) or isinstance(b, bool) or not 0 <= b <= MAX_BYTES:
+            raise SpecError(f"buffer_bytes must be an integer in [0, 2**62], got {b!r}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
             raise SpecError(f"seed must be a non-negative integer, got {self.seed!r}")
-        if not 0 <= float(self.epsilon) < 1:
+        if isinstance(self.epsilon, bool) or not isinstance(self.epsilon, numbers.Real) \
+                or not 0 <= self.epsilon < 1:  # also refuses nan
             raise SpecError(f"epsilon must be in [0, 1), got {self.epsilon!r}")
         object.__setattr__(self, "drop_last", bool(self.drop_last))
         object.__setattr__(self, "epsilon", float(self.epsilon))
@@ -41,20 +63,27 @@ class PlanConfig:
 
 
 def parse_bytes(text) -> int:
-    """'2GiB', '512MB', '1.5e9', 1000 -> bytes (binary and decimal units)."""
-    if isinstance(text, (int, float)):
-        return int(text)
-    s = str(text).strip()
+    """'2GiB', '512MB', '1.5e9', 1000 -> bytes (binary and decimal units), at most :data:`MAX_BYTES`."""
     units = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
              "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-    i = len(s)
-    while i > 0 and s[i - 1].isalpha():
-        i -= 1
-    num, unit = s[:i].strip(), s[i:].lower()
-    try:
-        val = float(num)
-    except ValueError:
-        raise SpecError(f"cannot read a byte size from {text!r} (try 2GiB, 512MB, 1e9)") from None
-    if unit not in units or val < 0:
-        raise SpecError(f"cannot read a byte size from {text!r} (units: {', '.join(sorted(set(units) - {''}))})")
+    if isinstance(text, bool):
+        raise SpecError(f"cannot read a byte size from {text!r}")
+    if isinstance(text, (int, float)):
+        val, unit = text, ""
+    else:
+        s = str(text).strip()
+        i = len(s)
+        while i > 0 and s[i - 1].isalpha():
+            i -= 1
+        num, unit = s[:i].strip(), s[i:].lower()
+        try:
+            val = float(num)
+        except ValueError:
+            raise SpecError(f"cannot read a byte size from {text!r} (try 2GiB, 512MB, 1e9)") from None
+        if unit not in units:
+            raise SpecError(f"cannot read a byte size from {text!r} (units: {', '.join(sorted(set(units) - {''}))})")
+    if not (math.isfinite(val) and val >= 0):
+        raise SpecError(f"byte size must be a finite number >= 0, got {text!r}")
+    if val * units[unit] > MAX_BYTES:
+        raise SpecError(f"byte size {text!r} is more than 2**62 bytes (4 EiB): no machine has that much memory")
     return int(val * units[unit])

@@ -1,0 +1,65 @@
+"""argparse ``type=`` functions: a bad value is refused with one line naming it (no traceback).
+
+The same limits guard the Python API (:class:`solar.scheduler.config.PlanConfig`,
+``parse_bytes``); here a :class:`~solar.errors.SpecError` becomes argparse's error, so the CLI prints
+``solar <cmd>: error: argument --opt: <why>`` and exits with status 2.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+
+from ..errors import SpecError
+from ..scheduler.config import check_fraction, parse_bytes
+
+
+def _argtype(check, name: str):
+    def convert(text: str):
+        try:
+            return check(text)
+        except SpecError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    convert.__name__ = name
+    return convert
+
+
+def _to_int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise SpecError(f"not an integer: {text!r}") from None
+
+
+def _to_float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise SpecError(f"not a number: {text!r}") from None
+
+
+def _positive(text: str) -> int:
+    v = _to_int(text)
+    if v < 1:
+        raise SpecError(f"must be a positive integer, got {text!r}")
+    return v
+
+
+def _non_negative(text: str) -> int:
+    v = _to_int(text)
+    if v < 0:
+        raise SpecError(f"must be an integer >= 0, got {text!r}")
+    return v
+
+
+def _epsilon(text: str) -> float:
+    v = _to_float(text)
+    if not (math.isfinite(v) and 0 <= v < 1):
+        raise SpecError(f"must be a number in [0, 1), got {text!r}")
+    return v
+
+
+positive_int = _argtype(_positive, "positive_int")
+non_negative_int = _argtype(_non_negative, "non_negative_int")
+fraction = _argtype(lambda t: check_fraction("buffer fraction", _to_float(t)), "fraction")
+byte_size = _argtype(parse_bytes, "byte_size")
+epsilon = _argtype(_epsilon, "epsilon")
