@@ -83,7 +83,7 @@ def test_documented_loop_resumes_exactly(job, stop):
     with SolarLoader(*job, rank=1, as_torch=False) as full:
         ref = documented_loop(full)
     with SolarLoader(*job, rank=1, as_torch=False) as a:
-        first, it = [], None
+        first = []
         for e in range(a.epochs):
             a.set_epoch(e)
             for batch in a:
