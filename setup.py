@@ -7,7 +7,7 @@ setup(
     long_description=open("README.md").read() if __import__("os").path.exists("README.md") else "",
     long_description_content_type="text/markdown",
     license="BSD-3-Clause",
-    python_requires=">=3.9",
+    python_requires=">=3.10",  # traceback.format_exception(exc) with one argument
     packages=find_packages(include=["solar", "solar.*"]),
     install_requires=[
         "numpy>=1.23",
@@ -21,11 +21,11 @@ setup(
         "mpich": ["mpich"],  # MPI from PyPI; on clusters use the site MPI instead
         "plot": ["matplotlib>=3.5"],
         # faster gzip inflate (libdeflate), used automatically when installed; stdlib zlib otherwise
-        "fast": ["deflate>=0.9; python_version >= '3.10'", "isal>=1.6; python_version < '3.10'"],
+        "fast": ["deflate>=0.9"],
         # raw decoding of hdf5plugin's Blosc, LZ4, Bitshuffle and Zstd filters (else h5py reads them)
         "codecs": ["numcodecs>=0.12"],
         "test": ["pytest>=7", "hypothesis>=6", "matplotlib>=3.5", "numcodecs>=0.12", "hdf5plugin>=4.0",
-                 "deflate>=0.9; python_version >= '3.10'"],
+                 "deflate>=0.9"],
     },
     entry_points={"console_scripts": ["solar=solar.cli:main"]},
 )
