@@ -5,7 +5,9 @@ waiting in a collective forever.
 * :func:`install_abort_hooks` / :func:`remove_abort_hooks` — ``sys.excepthook`` (and
   ``threading.excepthook`` for solar's own threads) that report an uncaught exception with
   the rank and call ``comm.Abort(1)``, as ``python -m mpi4py`` does.  ``SolarLoader``
-  installs them while it is open on a communicator of more than one rank.
+  installs them while it is open on a communicator of more than one rank;
+* :func:`sleep_barrier` / :func:`root_call` — ranks waiting for rank 0 sleep instead of
+  busy-polling in a blocking collective.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import contextlib
 import os
 import sys
 import threading
+import time
 import traceback
 
 
@@ -115,3 +118,37 @@ def remove_abort_hooks(token) -> None:
 def abort_hooks_active() -> bool:
     """True while some install is in effect (tests, diagnostics)."""
     return bool(_guards)
+
+
+# ---------------------------------------------------------------- waiting
+def sleep_barrier(comm, poll_s: float = 0.002) -> None:
+    """A barrier that waits in ``poll_s``-second sleeps instead of spinning.
+
+    MPICH (and Open MPI by default) busy-poll inside blocking collectives: a rank
+    waiting for rank 0 (planning, measuring the disk) burns a whole core, which on a
+    small node is the core rank 0 needs.  This posts ``comm.Ibarrier()`` and tests it,
+    sleeping between tests, so a waiting rank costs almost no CPU; the wake-up comes
+    at most ``poll_s`` late.  Collective: every rank of ``comm`` calls it.
+    """
+    req = comm.Ibarrier()
+    while not req.Test():
+        time.sleep(poll_s)
+
+
+def root_call(comm, fn, root: int = 0):
+    """Run ``fn()`` on ``root`` while the other ranks sleep-wait; return its result on every rank.
+
+    An exception on ``root`` is raised on every rank (the same object, pickled).
+    Collective over ``comm``.
+    """
+    res, err = None, None
+    if comm.Get_rank() == root:
+        try:
+            res = fn()
+        except Exception as exc:  # noqa: BLE001 - re-raised on every rank below
+            err = exc
+    sleep_barrier(comm)
+    res, err = comm.bcast((res, err), root=root)
+    if err is not None:
+        raise err
+    return res

@@ -1,28 +1,57 @@
 """`solar bench` end to end on a tiny file (figures are not checked: speed lives in benchmarks/)."""
 import json
+import os
 
 import pytest
-
 from helpers import make_dataset
+
+
+def _check_keys(rep: dict, n_epochs: int):
+    """The report's keys are present and sane (values are not speeds to check)."""
+    assert len(rep["speedup"]) == n_epochs and all(x > 0 for x in rep["speedup"])
+    ran = {k for k, b in rep["baselines"].items() if "epochs" in b}
+    assert "torch" in ran and rep["baseline"] == rep["baselines"]["torch"]
+    assert len(rep["best_baseline"]) == n_epochs and set(rep["best_baseline"]) <= ran
+    for e in range(n_epochs):
+        best = max(rep["baselines"][k]["samples_per_s"][e] for k in ran)
+        assert rep["baselines"][rep["best_baseline"][e]]["samples_per_s"][e] == best
+        assert rep["speedup_vs_best"][e] == pytest.approx(rep["solar"]["epochs"][e]["samples_per_s"] / best)
+        assert rep["speedup_vs_best"][e] <= rep["speedup"][e] + 1e-12
+    for k in ran:
+        b = rep["baselines"][k]
+        assert b["samples_per_s"] == [e["samples_per_s"] for e in b["epochs"]] and len(b["epochs"]) == n_epochs
+    d = rep["disk"]
+    assert d["random_read_gbps"] > 0 and d["sequential_read_gbps"] > 0 and d["block_bytes"] > 0
+    assert d["random"]["depth"] == 16 and d["bytes_per_s"] == d["sequential"]["bytes_per_s"]
+    rnd = d["random_read_gbps"] * 1e9
+    for ep, lr in zip(rep["solar"]["epochs"], rep["limit_ratio"]):
+        assert lr == pytest.approx(ep["storage_bytes"] / rnd / ep["seconds"]) and ep["limit_ratio"] == lr
+        assert ep["plan_violations"] == 0 and ep["page_cache_left"] is not None
+    assert "memory_limit_bytes" in rep and rep["memory_method"]
+    json.dumps(rep)
 
 
 @pytest.mark.mpi
 def test_bench_report(comm, shared_tmp):
     from conftest import on_root
+
     from solar.bench.compare import bench, format_report
     data = on_root(comm, lambda: make_dataset(shared_tmp, "ptychonn", "gzip", samples=24))
     rep = bench(data, comm=comm, epochs=2, local_batch=2, buffer_fraction=1.0, num_workers=0, cold=True)
-    assert len(rep["speedup"]) == 2 and all(x > 0 for x in rep["speedup"])
+    _check_keys(rep, 2)
+    assert "chunked and filtered" in rep["baselines"]["memmap"]["skipped"]
+    assert set(rep["baselines"]) == {"torch", "memmap", "h5py-cache", "batched"}
     n = 24 + (-24) % comm.size
     for ep in rep["solar"]["epochs"]:
-        assert ep["global_samples"] == n and ep["plan_violations"] == 0
-    for ep in rep["baseline"]["epochs"]:
         assert ep["global_samples"] == n
-    assert rep["solar"]["epochs"][0]["storage_bytes"] > 0 and rep["disk"]["bytes_per_s"] > 0
-    assert "posix_fadvise" in rep["cache"]
+    for k in ("torch", "h5py-cache", "batched"):
+        assert all(ep["global_samples"] == n for ep in rep["baselines"][k]["epochs"])
+    assert rep["solar"]["epochs"][0]["storage_bytes"] > 0
+    assert "posix_fadvise" in rep["cache"] and rep["memory_limit_bytes"] is None
     text = format_report(rep)
-    assert "speedup" in text and "disk cold sequential read" in text
-    json.dumps(rep)
+    for word in ("speedup", "vs best", "limit_ratio", "disk cold sequential read", "disk cold random read",
+                 "baseline memmap: skipped", "h5py-cache"):
+        assert word in text
 
 
 def test_bench_cli_json(tmp_path, capsys):
@@ -30,4 +59,47 @@ def test_bench_cli_json(tmp_path, capsys):
     data = make_dataset(tmp_path, "ptychonn", "contiguous", samples=16)
     assert main(["bench", data, "--epochs", "2", "-b", "2", "--num-workers", "0", "--json", "--cold"]) == 0
     rep = json.loads(capsys.readouterr().out)
-    assert len(rep["speedup"]) == 2 and rep["solar"]["reader"] == "pread"
+    _check_keys(rep, 2)
+    assert rep["solar"]["reader"] == "pread" and "contiguous" in rep["baselines"]["h5py-cache"]["skipped"]
+    assert {"memmap", "batched"} <= set(rep["best_baseline"]) | {k for k, b in rep["baselines"].items() if "epochs" in b}
+
+
+@pytest.mark.mpi
+def test_bench_equal_memory(comm, shared_tmp):
+    from conftest import on_root
+
+    from solar.bench import memlimit
+    from solar.bench.compare import bench, format_report
+    from solar.errors import SolarError
+    try:
+        where = os.path.dirname(memlimit.locate("probe")[0])
+    except SolarError as exc:
+        pytest.skip(str(exc))
+    before = sorted(os.listdir(where))
+    data = on_root(comm, lambda: make_dataset(shared_tmp, "ptychonn", "contiguous", samples=16))
+    rep = bench(data, comm=comm, epochs=1, local_batch=2, num_workers=0, cold=True, equal_memory=True,
+                memory_allowance=64 << 20, baselines=("torch", "memmap"))
+    budget = rep["solar"]["buffer_budget_per_rank"]
+    assert rep["memory_allowance_bytes"] == 64 << 20
+    assert comm.size * budget + (64 << 20) <= rep["memory_limit_bytes"] < comm.size * budget + (64 << 20) + 4096
+    assert "memory.limit_in_bytes" in rep["memory_method"] or "memory.max" in rep["memory_method"]
+    assert set(rep["baselines"]) == {"torch", "memmap"}
+    for b in (rep["solar"], *rep["baselines"].values()):
+        assert b["memory_peak_bytes"] is None or 0 < b["memory_peak_bytes"] <= rep["memory_limit_bytes"]
+    assert "memory: cgroup" in format_report(rep)
+    comm.Barrier()
+    assert sorted(os.listdir(where)) == before  # the cgroup is gone
+
+
+def test_bench_equal_memory_refuses_clearly(tmp_path, capsys, monkeypatch):
+    from solar.bench import memlimit
+    from solar.cli import main
+    monkeypatch.setattr(memlimit, "MOUNTINFO", str(tmp_path / "no-mountinfo"))
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    data = make_dataset(tmp_path, "ptychonn", "contiguous", samples=8)
+    assert main(["bench", data, "--epochs", "1", "-b", "2", "--num-workers", "0", "--equal-memory"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("solar bench: error: --equal-memory: no memory cgroup")
+    with pytest.raises(SystemExit) as ex:
+        main(["bench", data, "--baselines", "torch,nope"])
+    assert ex.value.code == 2 and "unknown baseline 'nope'" in capsys.readouterr().err

@@ -6,12 +6,23 @@ import sys
 
 import numpy as np
 import pytest
-
 from conftest import on_root
 from helpers import assert_same_sample, h5py_sample, make_dataset
-from solar.bench import (H5Samples, cached_fraction, cold_sequential_read, drop_all_caches, drop_file_cache,
-                         make_cache_dropper, run_baseline, warm_sequential_read)
+
+from solar.bench import (
+    H5Samples,
+    cached_fraction,
+    cold_sequential_read,
+    drop_all_caches,
+    drop_file_cache,
+    make_cache_dropper,
+    memlimit,
+    run_baseline,
+    warm_sequential_read,
+)
 from solar.bench import cache as cache_mod
+from solar.bench.baseline import BASELINES, BatchSamples, baseline_dataset, skip_reason
+from solar.bench.disk import cold_parallel_sequential_read, cold_random_read, typical_block
 from solar.errors import SolarError
 from solar.layout import load_layout
 from solar.scheduler.sampler import sampler_sizes
@@ -171,3 +182,199 @@ def test_sequential_reads(tmp_path):
     empty.write_bytes(b"")
     with pytest.raises(SolarError, match="0 bytes"):
         cold_sequential_read([str(empty)])
+
+
+# ------------------------------------------------------------------ the baselines
+
+
+@pytest.mark.parametrize("preset,storage", [("ptychonn", "contiguous"), ("ptychonn", "gzip"), ("ptychonn", "multi"),
+                                            ("well", "chunked"), ("well", "contiguous")])
+def test_every_baseline_equals_h5py(tmp_path, preset, storage):
+    out = make_dataset(tmp_path, preset, storage)
+    layout = load_layout(out)
+    ran = 0
+    for kind in BASELINES:
+        if skip_reason(layout, kind):
+            continue
+        ran += 1
+        ds = baseline_dataset(out, kind, layout, memory_bytes=MIB, workers=2)
+        n = len(ds)
+        if isinstance(ds, BatchSamples):  # a batch in sampler order, with a repeat (DistributedSampler pads)
+            ids = [n - 1, 0, 2 % n, 0]
+            got = ds[ids]
+            for j, i in enumerate(ids):
+                assert_same_sample({k: v[j].numpy() for k, v in got.items()}, h5py_sample(layout, i))
+        else:
+            for i in range(n):
+                assert_same_sample({k: v.numpy() for k, v in ds[i].items()}, h5py_sample(layout, i))
+        ds.close()
+    assert ran >= 2
+
+
+def test_skip_reasons(tmp_path):
+    gz = load_layout(make_dataset(tmp_path, "ptychonn", "gzip"))
+    flat = load_layout(make_dataset(tmp_path, "ptychonn", "contiguous"))
+    well = load_layout(make_dataset(tmp_path, "well", "chunked"))
+    assert "chunked and filtered" in skip_reason(gz, "memmap")
+    assert "contiguous" in skip_reason(flat, "h5py-cache")
+    assert "windows" in skip_reason(well, "batched")
+    assert [skip_reason(flat, k) for k in ("torch", "memmap", "batched")] == [None] * 3
+    with pytest.raises(SolarError, match="'nope'"):
+        skip_reason(flat, "nope")
+    with pytest.raises(SolarError, match="memmap does not apply.*chunked"):
+        run_baseline(os.path.join(str(tmp_path), "ptychonn-gzip-0"), comm=None, local_batch=2, epochs=1,
+                     num_workers=0, kind="memmap")
+
+
+def test_torch_baseline_keeps_datasets_open(tmp_path, monkeypatch):
+    import h5py
+    out = make_dataset(tmp_path, "ptychonn", "chunked")
+    opened = []
+    real = h5py.Group.__getitem__
+    monkeypatch.setattr(h5py.Group, "__getitem__", lambda self, name: opened.append(name) or real(self, name))
+    ds = H5Samples(out)
+    ds[0]
+    first = len(opened)
+    for i in range(len(ds)):
+        ds[i]
+    assert first > 0 and len(opened) == first  # datasets looked up once, not per field of every sample
+    ds.close()
+
+
+def test_h5py_cache_sizes_the_chunk_cache(tmp_path):
+    out = make_dataset(tmp_path, "ptychonn", "gzip")
+    layout = load_layout(out)
+    ds = baseline_dataset(out, "h5py-cache", layout, memory_bytes=8 * MIB, workers=2)
+    ds[0]
+    per = 8 * MIB // (2 * len(layout.datasets))
+    for d in ds._open.values():
+        assert d.id.get_access_plist().get_chunk_cache()[1] == per
+    ds.close()
+    with pytest.raises(SolarError, match="h5py-cache needs the memory"):
+        baseline_dataset(out, "h5py-cache", layout)
+
+
+def test_memmap_batch_leaves_no_mapping(tmp_path):
+    out = make_dataset(tmp_path, "ptychonn", "contiguous")
+    layout = load_layout(out)
+    ds = baseline_dataset(out, "memmap", layout)
+    ds[[1, 0]]
+    with open("/proc/self/maps") as f:  # a mapping held across epochs would pin the pages in the cache
+        assert not any(os.path.realpath(layout.files[0]) in line for line in f)
+    with pytest.raises(IndexError, match="sample ids"):
+        ds[[len(ds)]]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("kind", ["memmap", "batched"])
+def test_batch_baselines_deliver_the_sampler_order(comm, shared_tmp, kind):
+    out = on_root(comm, lambda: make_dataset(shared_tmp, "ptychonn", samples=13))
+    res = run_baseline(out, comm=comm, local_batch=3, epochs=2, seed=5, num_workers=0, kind=kind,
+                       verify=1000)  # every delivered sample checked against h5py, position by position
+    per_rank, total = sampler_sizes(13, comm.size, drop_last=False)
+    assert [r["samples"] for r in res] == [per_rank] * 2 and [r["verified"] for r in res] == [per_rank] * 2
+    assert all(r["global_samples"] == total for r in res)
+
+
+def test_page_cache_left_is_reported(tmp_path):
+    out = make_dataset(tmp_path, "ptychonn")
+    drop, _ = make_cache_dropper(load_layout(out).files, "file")
+    res = run_baseline(out, comm=_Serial(), local_batch=4, epochs=1, num_workers=0, drop_cache=drop)
+    assert 0.0 <= res[0]["page_cache_left"] <= 1.0
+
+
+class _Serial:
+    """The communicator calls run_baseline makes, for one process without MPI."""
+    size, rank = 1, 0
+
+    def Barrier(self):
+        pass
+
+    def allgather(self, x):
+        return [x]
+
+
+# ------------------------------------------------------------------ deep-queue disk reads
+
+
+def test_cold_random_read_reads_the_blocks(tmp_path):
+    path = _write(tmp_path / "r.bin", 2 * MIB)
+    ext = np.array([[0, off, 64 << 10] for off in range(0, 2 * MIB, 64 << 10)], dtype=np.int64)
+    r = cold_random_read([path], ext, depth=4)
+    assert r["bytes"] == 2 * MIB and r["reads"] == 32 and r["block_bytes"] == 64 << 10 and r["depth"] == 4
+    assert r["bytes_per_s"] > 0 and "POSIX_FADV_RANDOM" in r["method"]
+    capped = cold_random_read([path], ext, depth=2, max_bytes=256 << 10)
+    assert 256 << 10 <= capped["bytes"] < 2 * MIB
+    with pytest.raises(SolarError, match="in flight.*0"):
+        cold_random_read([path], ext, depth=0)
+    with pytest.raises(SolarError, match="no extents"):
+        cold_random_read([path], np.zeros((0, 3), dtype=np.int64))
+
+
+def test_cold_parallel_sequential_read(tmp_path):
+    path = _write(tmp_path / "s.bin", 5 * MIB + 7)
+    r = cold_parallel_sequential_read([path, path], request=MIB, depth=3)
+    assert r["bytes"] == 2 * (5 * MIB + 7) and r["depth"] == 3 and r["request_bytes"] == MIB
+    assert 2 * MIB <= cold_parallel_sequential_read([path], request=MIB, depth=2, max_bytes=2 * MIB)["bytes"] <= 4 * MIB
+
+
+def test_typical_block_of_a_layout(tmp_path):
+    layout = load_layout(make_dataset(tmp_path, "ptychonn", "gzip"))
+    ext, block = typical_block(layout)
+    on = layout.block_offset >= 0
+    assert ext.shape == (int(on.sum()), 3) and block == int(np.median(layout.block_stored[on]))
+    assert set(ext[:, 0].tolist()) <= set(range(len(layout.files)))
+
+
+# ------------------------------------------------------------------ ranks waiting for rank 0
+@pytest.mark.mpi
+def test_waiting_ranks_sleep(comm):
+    import time
+
+    from solar.mpi import root_call, sleep_barrier
+    cpu0 = time.process_time()
+    if comm.rank == 0:
+        time.sleep(0.6)
+    sleep_barrier(comm)
+    assert time.process_time() - cpu0 < 0.1  # rank 0 slept; the others slept too (comm.Barrier spins: ~0.3 s)
+    assert root_call(comm, lambda: comm.rank + 41) == 41
+    with pytest.raises(SolarError, match="only on root"):
+        root_call(comm, lambda: (_ for _ in ()).throw(SolarError("only on root")))
+
+
+# ------------------------------------------------------------------ memory cgroup
+
+
+def _cgroup_or_skip():
+    try:
+        memlimit.locate("probe")
+    except SolarError as exc:
+        pytest.skip(str(exc))
+
+
+def test_memory_cgroup_limits_the_page_cache(tmp_path):
+    _cgroup_or_skip()
+    path = _write(tmp_path / "big.bin", 96 * MIB)
+    drop_file_cache([path])
+    cg = memlimit.MemoryCgroup.create(f"solar-test-{os.getpid()}", 32 * MIB)
+    try:
+        code = ("import os, sys; open(os.path.join(sys.argv[1], 'cgroup.procs'), 'w').write(str(os.getpid()));"
+                "f = open(sys.argv[2], 'rb')\nwhile f.read(1 << 20): pass")
+        subprocess.run([sys.executable, "-c", code, cg.path, path], check=True)
+        assert cg.read_limit() == 32 * MIB
+        assert cached_fraction(path) < 0.4  # 96 MiB read, at most 32 MiB of it kept
+    finally:
+        cg.remove(None)
+    assert not os.path.exists(cg.path)
+
+
+def test_memory_cgroup_refuses_clearly(tmp_path, monkeypatch):
+    monkeypatch.setattr(memlimit, "MOUNTINFO", str(tmp_path / "no-mountinfo"))
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    with pytest.raises(SolarError, match="no memory cgroup controller is mounted"):
+        memlimit.MemoryCgroup.create("x", 64 * MIB)
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(SolarError, match="needs root.*uid 1000"):
+        memlimit.locate("x")
+    with pytest.raises(SolarError, match="not in the memory cgroup"):
+        memlimit.check_worker_in(str(tmp_path / "elsewhere"), "memory.limit_in_bytes", 0)

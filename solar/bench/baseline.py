@@ -1,10 +1,18 @@
-"""The PyTorch baseline: h5py reads in DataLoader workers, sharded by DistributedSampler.
+"""The baselines: DataLoader workers sharded by DistributedSampler, reading as users write it.
 
-This is the loader users write today: a map-style ``Dataset`` whose
-``__getitem__`` reads ``f[name][index]`` for each field through h5py, a
-``DistributedSampler`` (shuffle, ``set_epoch``) and a ``DataLoader`` with
-worker processes.  :func:`run_baseline` times it epoch by epoch, loader only
-(a training step is a ``sleep``).
+Every baseline is a ``DistributedSampler`` (shuffle, ``set_epoch``) and a
+``DataLoader`` with worker processes; they differ in the ``Dataset``:
+
+* ``torch`` — a map-style ``Dataset`` whose ``__getitem__`` reads ``dset[index]``
+  for each field through h5py, files and datasets kept open (h5py's default chunk cache);
+* ``h5py-cache`` — the same with a chunk cache sized to solar's buffer (chunked data only);
+* ``memmap`` — a memory map of contiguous, unfiltered data (``numpy.memmap``'s way), a batch per
+  ``__getitem__`` (fancy index of the batch's sorted rows), kernel readahead on;
+* ``batched`` — h5py, a batch per ``__getitem__``: one fancy-index read of the
+  batch's sorted rows per field (row layouts only).
+
+:func:`skip_reason` says when one does not apply.  :func:`run_baseline` times one
+epoch by epoch, loader only (a training step is a ``sleep``).
 
 Worker processes start with ``forkserver`` (or ``spawn``), never ``fork``:
 the calling process has initialised MPI, and a forked copy of an MPI process
@@ -15,6 +23,7 @@ new workers import the ``__main__`` script again.
 from __future__ import annotations
 
 import itertools
+import mmap
 import multiprocessing
 import os
 import time
@@ -23,23 +32,29 @@ from typing import Callable, Dict, List, Optional
 import h5py
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
+from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler, Sampler
 
 from ..errors import SolarError
 from ..layout import load_layout
+from .cache import largest_left
 
 START_METHODS = ("forkserver", "spawn")
+#: The baselines: per-sample h5py (``torch``, ``h5py-cache``), per-batch reads (``memmap``, ``batched``).
+BASELINES = ("torch", "memmap", "h5py-cache", "batched")
 
 
 class H5Samples(Dataset):
-    """Samples of a layout read through h5py, one ``{field: tensor}`` dict each.
+    """Samples of a layout read through h5py, one ``{field: tensor}`` dict each (baselines ``torch``, ``h5py-cache``).
 
     Pickles to the spec path plus the small index facts (file paths, dataset
     names, sources); HDF5 files are opened lazily on first use in each process
     (``h5py.File(path, "r", locking=False)``), so no handle crosses a process.
+    The ``h5py.Dataset`` objects are kept open too, so HDF5's chunk cache (one
+    per open dataset) survives between samples.  ``chunk_cache_bytes``: that
+    cache's size per dataset (``rdcc_nbytes``; None: h5py's default, 1 MiB).
     """
 
-    def __init__(self, spec_path: str, layout=None):
+    def __init__(self, spec_path: str, layout=None, chunk_cache_bytes: Optional[int] = None):
         layout = layout if layout is not None else load_layout(spec_path)
         self.spec_path = os.fspath(spec_path)
         self.files = tuple(layout.files)
@@ -47,48 +62,163 @@ class H5Samples(Dataset):
         self.fields = tuple(layout.field_names)
         self.sources = tuple(layout.sources)
         self.source_start = np.array(layout.source_start, dtype=np.int64)
+        self.file_kw = _chunk_cache_kw(layout, chunk_cache_bytes)
         self._pid = None
         self._handles: Dict[int, h5py.File] = {}
+        self._open: Dict[int, h5py.Dataset] = {}
 
     def __len__(self) -> int:
         return int(self.source_start[-1])
 
     def __getstate__(self):
         state = dict(self.__dict__)
-        state["_pid"], state["_handles"] = None, {}
+        state["_pid"], state["_handles"], state["_open"] = None, {}, {}
         return state
 
     def where(self, i: int) -> list:
-        """``[(field, file index, dataset name, index tuple)]`` of sample ``i``."""
+        """``[(field, dataset id, index tuple)]`` of sample ``i``."""
         if not 0 <= i < len(self):
             raise IndexError(f"sample {i} out of range [0, {len(self)})")
         s = int(np.searchsorted(self.source_start, i, side="right") - 1)
         src, local = self.sources[s], int(i - self.source_start[s])
-        out = []
-        for k, d in enumerate(src.datasets):
-            fi, name, ndim = self.dsets[d]
-            out.append((self.fields[k], fi, name, src.selection(k, local, ndim)))
-        return out
+        return [(self.fields[k], d, src.selection(k, local, self.dsets[d][2])) for k, d in enumerate(src.datasets)]
 
-    def _file(self, fi: int) -> h5py.File:
+    def _dataset(self, d: int) -> h5py.Dataset:
         pid = os.getpid()
         if self._pid != pid:  # a new process: never reuse (or close) another process's handles
-            self._pid, self._handles = pid, {}
-        f = self._handles.get(fi)
-        if f is None:
-            f = self._handles[fi] = h5py.File(self.files[fi], "r", locking=False)
-        return f
+            self._pid, self._handles, self._open = pid, {}, {}
+        ds = self._open.get(d)
+        if ds is None:
+            fi, name, _ = self.dsets[d]
+            f = self._handles.get(fi)
+            if f is None:
+                f = self._handles[fi] = h5py.File(self.files[fi], "r", locking=False, **self.file_kw)
+            ds = self._open[d] = f[name]
+        return ds
 
     def __getitem__(self, i: int) -> Dict[str, torch.Tensor]:
-        return {field: torch.from_numpy(np.asarray(self._file(fi)[name][sel]))
-                for field, fi, name, sel in self.where(int(i))}
+        return {field: torch.from_numpy(_native(self._dataset(d)[sel])) for field, d, sel in self.where(int(i))}
 
     def close(self):
         """Close the files this process opened."""
         if self._pid == os.getpid():
             for f in self._handles.values():
                 f.close()
-        self._pid, self._handles = None, {}
+        self._pid, self._handles, self._open = None, {}, {}
+
+
+def _native(a) -> np.ndarray:
+    """``a`` as an array in native byte order (torch refuses others); values unchanged."""
+    a = np.asarray(a)
+    return a if a.dtype.isnative else a.astype(a.dtype.newbyteorder("="))
+
+
+def _chunk_cache_kw(layout, per_dataset: Optional[int]) -> dict:
+    """``h5py.File`` keywords for a chunk cache of ``per_dataset`` bytes (``{}``: h5py's default)."""
+    if per_dataset is None:
+        return {}
+    chunk = max((int(np.prod(d.chunks)) * d.itemsize for d in layout.datasets if d.chunks), default=1)
+    fit = max(1, per_dataset // max(chunk, 1))
+    return dict(rdcc_nbytes=int(per_dataset), rdcc_nslots=int(100 * fit) | 1, rdcc_w0=1.0)
+
+
+class BatchSamples(Dataset):
+    """Whole batches of a layout: ``dataset[list of sample ids]`` -> ``{field: tensor[n, ...]}``.
+
+    Used with ``DataLoader(sampler=BatchSampler(...), batch_size=None)``, as a user who reads a
+    batch at a time writes it.  Per field and source, the batch's ids are sorted and made
+    unique and read in one call (:meth:`_read`), then put back in the sampler's order.
+    ``how``: ``"memmap"`` (a read-only memory map of the file viewed as the dataset's array,
+    as ``numpy.memmap`` makes it; contiguous, unfiltered data; mapped per batch, readahead left on) or ``"batched"`` (h5py fancy index of the sorted rows, datasets kept open).
+    """
+
+    def __init__(self, spec_path: str, how: str, layout=None):
+        self.samples = H5Samples(spec_path, layout)
+        self.how = how
+        layout = layout if layout is not None else load_layout(spec_path)
+        self.meta = tuple((d.offset, tuple(d.shape), d.dtype) for d in layout.datasets)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def _read(self, s: int, k: int, d: int, local: np.ndarray) -> np.ndarray:
+        """Field ``k`` of source ``s`` for sorted unique local ids (array ``[n, ...]``)."""
+        src = self.samples.sources[s]
+        if self.how == "batched":
+            return np.asarray(self.samples._dataset(d)[local])
+        offset, shape, dtype = self.meta[d]
+        with open(self.samples.files[self.samples.dsets[d][0]], "rb") as fh:
+            m = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            arr = np.frombuffer(m, np.dtype(dtype), count=int(np.prod(shape)), offset=offset).reshape(shape)
+            if src.kind == "rows" and src.roles[k] == "s":
+                got = np.array(arr[local])
+            else:
+                got = np.stack([np.array(arr[src.selection(k, int(i), len(shape))]) for i in local])
+            del arr
+        finally:
+            m.close()  # unmapped now: the next cache drop can evict these pages
+        return got
+
+    def __getitem__(self, ids) -> Dict[str, torch.Tensor]:
+        ids = np.asarray(ids, dtype=np.int64)
+        if ids.ndim != 1 or ids.size == 0 or ids.min() < 0 or ids.max() >= len(self):
+            raise IndexError(f"batch {ids.tolist()} is not a non-empty list of sample ids in [0, {len(self)})")
+        starts = self.samples.source_start
+        src_of = np.searchsorted(starts, ids, side="right") - 1
+        out: Dict[str, np.ndarray] = {}
+        for s in np.unique(src_of):
+            pos = np.flatnonzero(src_of == s)
+            local, inv = np.unique(ids[pos] - starts[s], return_inverse=True)
+            for k, d in enumerate(self.samples.sources[s].datasets):
+                got = _native(self._read(int(s), k, d, local))
+                field = self.samples.fields[k]
+                if field not in out:
+                    out[field] = np.empty((ids.size,) + got.shape[1:], dtype=got.dtype)
+                out[field][pos] = got[inv]
+        return {f: torch.from_numpy(a) for f, a in out.items()}
+
+    def close(self):
+        self.samples.close()
+
+
+def skip_reason(layout, kind: str) -> Optional[str]:
+    """Why baseline ``kind`` does not apply to ``layout`` (None: it does)."""
+    if kind not in BASELINES:
+        raise SolarError(f"baseline must be one of {', '.join(BASELINES)}, got {kind!r}")
+    ds = layout.datasets
+    if kind == "memmap":
+        for d in ds:
+            if d.chunks is not None:
+                return f"dataset {d.name} is chunked{' and filtered' if d.filters else ''}: numpy.memmap needs " \
+                       "contiguous, unfiltered data"
+            if d.offset is None:
+                return f"dataset {d.name} has no contiguous data in its file (never written or external)"
+    if kind == "h5py-cache" and not any(d.chunks for d in ds):
+        return "contiguous data: HDF5 has no chunk cache for it (the torch baseline is this loader)"
+    if kind == "batched":
+        for src in layout.sources:
+            if src.kind != "rows" or any(r != "s" for r in src.roles):
+                return f"samples of {layout.files[src.file]} are {src.kind} (not one row per sample): no single " \
+                       "fancy index per field selects a batch"
+    return None
+
+
+def baseline_dataset(spec_path: str, kind: str, layout=None, memory_bytes: Optional[int] = None, workers: int = 0):
+    """The ``Dataset`` of baseline ``kind`` (see :data:`BASELINES`).
+
+    ``memory_bytes``: the rank's memory for ``h5py-cache`` (solar's buffer per rank),
+    split evenly over the reading processes (``max(1, workers)``) and the datasets each opens.
+    """
+    layout = layout if layout is not None else load_layout(spec_path)
+    if kind in ("torch", "h5py-cache"):
+        per = None
+        if kind == "h5py-cache":
+            if memory_bytes is None or memory_bytes < 1:
+                raise SolarError(f"h5py-cache needs the memory to size its chunk cache, got {memory_bytes!r}")
+            per = max(1, int(memory_bytes) // (max(1, workers) * len(layout.datasets)))
+        return H5Samples(spec_path, layout, chunk_cache_bytes=per)
+    return BatchSamples(spec_path, kind, layout)
 
 
 class _WarmableSampler(Sampler):
@@ -126,13 +256,22 @@ def _mp_context(start_method: str):
     return ctx
 
 
+def _wait_all(comm):
+    """Barrier in which waiting ranks sleep (:func:`solar.mpi.sleep_barrier`) when ``comm`` supports it."""
+    if hasattr(comm, "Ibarrier"):
+        from ..mpi import sleep_barrier
+        sleep_barrier(comm)
+    else:
+        comm.Barrier()
+
+
 def _verify(layout, picked: list) -> int:
     """Compare delivered samples with fresh h5py reads; raises SolarError on the first difference."""
     for sample, got in picked:
         for field, d, sel in layout.sample_fields(sample):
             info = layout.datasets[d]
             with h5py.File(layout.files[info.file], "r", locking=False) as f:
-                ref = np.asarray(f[info.name][sel])
+                ref = _native(f[info.name][sel])
             arr = got[field].numpy()
             if arr.shape != ref.shape or arr.dtype != ref.dtype or not np.array_equal(arr, ref, equal_nan=True):
                 raise SolarError(f"baseline delivered wrong data for sample {sample}, field {field!r} "
@@ -187,8 +326,10 @@ def _warm_up(loader, sampler, wrapped, n: int, start_method: str):
 
 def run_baseline(spec_path: str, *, comm, local_batch: int, epochs: int, seed: int = 0, num_workers: int = 2,
                  step_time: float = 0.0, drop_cache: Optional[Callable[[], None]] = None, progress: bool = False,
-                 verify: int = 0, start_method: str = "forkserver") -> List[dict]:
-    """Time the PyTorch baseline loader for ``epochs`` epochs on every rank of ``comm``.
+                 verify: int = 0, start_method: str = "forkserver", kind: str = "torch",
+                 memory_bytes: Optional[int] = None, worker_init_fn: Optional[Callable[[int], None]] = None
+                 ) -> List[dict]:
+    """Time baseline loader ``kind`` (see :data:`BASELINES`) for ``epochs`` epochs on every rank of ``comm``.
 
     ``DistributedSampler(num_replicas=comm.size, rank=comm.rank, shuffle=True,
     seed=seed, drop_last=False)`` with ``set_epoch(e)``; ``DataLoader(batch_size=
@@ -196,6 +337,10 @@ def run_baseline(spec_path: str, *, comm, local_batch: int, epochs: int, seed: i
     with ``start_method``.  Each epoch: ``drop_cache()`` (if given), barrier,
     timed loop (per batch: wait for it = stall, then ``sleep(step_time)`` as
     the training step), then the per-rank figures are reduced over ``comm``.
+    ``memmap`` and ``batched`` read a batch per ``__getitem__`` (``BatchSampler``
+    over the same sampler, ``batch_size=None``): the same global batches.
+    ``memory_bytes`` sizes ``h5py-cache``'s chunk cache (see :func:`baseline_dataset`);
+    ``worker_init_fn`` runs in each worker as it starts.
 
     Fairness: workers are ``persistent_workers=True`` and are started and
     warmed (one batch each, untimed, before the first cache drop), so neither
@@ -212,19 +357,29 @@ def run_baseline(spec_path: str, *, comm, local_batch: int, epochs: int, seed: i
     ``global_samples``, ``seconds`` (max over ranks), ``rank_seconds``,
     ``samples_per_s`` (global samples / max seconds), ``stall_s`` (this rank),
     ``stall_max_s`` (max over ranks), ``bytes_delivered`` (this rank),
-    ``global_bytes`` and ``verified`` (samples checked on this rank).
+    ``global_bytes``, ``verified`` (samples checked on this rank) and
+    ``page_cache_left`` (what ``drop_cache()`` returned: the largest fraction of a
+    data file still cached after the drop, None when not measured).
+    Raises :class:`SolarError` when ``kind`` does not apply to the layout (:func:`skip_reason`).
     """
     _check_args(local_batch, epochs, num_workers, step_time, verify, start_method)
     layout = load_layout(spec_path)
-    dataset = H5Samples(spec_path, layout)
+    why = skip_reason(layout, kind)
+    if why:
+        raise SolarError(f"baseline {kind} does not apply to {spec_path}: {why}")
+    dataset = baseline_dataset(spec_path, kind, layout, memory_bytes=memory_bytes, workers=num_workers)
     sampler = DistributedSampler(dataset, num_replicas=comm.size, rank=comm.rank, shuffle=True, seed=seed,
                                  drop_last=False)
     wrapped = _WarmableSampler(sampler)
     kw = {}
     if num_workers:
-        kw = dict(persistent_workers=True, multiprocessing_context=_mp_context(start_method))
-    loader = DataLoader(dataset, batch_size=local_batch, sampler=wrapped, num_workers=num_workers,
-                        pin_memory=False, **kw)
+        kw = dict(persistent_workers=True, multiprocessing_context=_mp_context(start_method),
+                  worker_init_fn=worker_init_fn)
+    if isinstance(dataset, BatchSamples):
+        kw.update(sampler=BatchSampler(wrapped, local_batch, drop_last=False), batch_size=None)
+    else:
+        kw.update(sampler=wrapped, batch_size=local_batch)
+    loader = DataLoader(dataset, num_workers=num_workers, pin_memory=False, **kw)
     results = []
     try:
         if num_workers:
@@ -233,24 +388,23 @@ def run_baseline(spec_path: str, *, comm, local_batch: int, epochs: int, seed: i
         for e in range(epochs):
             sampler.set_epoch(e)
             order = np.fromiter(iter(sampler), dtype=np.int64)
-            if drop_cache is not None:
-                drop_cache()
-            comm.Barrier()
+            left = drop_cache() if drop_cache is not None else None
+            _wait_all(comm)
             if progress and comm.rank == 0:
                 from tqdm import tqdm
-                bar = tqdm(total=len(loader), desc=f"baseline epoch {e}", unit="batch", leave=False)
+                bar = tqdm(total=len(loader), desc=f"{kind} epoch {e}", unit="batch", leave=False)
             r = _epoch(loader, order, step_time, verify, bar)
             if bar is not None:
                 bar.close()
             verified = _verify(layout, r["picked"]) if verify else 0
-            per_rank = comm.allgather((r["seconds"], r["stall"], r["samples"], r["bytes"]))
+            per_rank = comm.allgather((r["seconds"], r["stall"], r["samples"], r["bytes"], left))
             seconds = max(x[0] for x in per_rank)
             total = sum(x[2] for x in per_rank)
             results.append(dict(epoch=e, samples=r["samples"], global_samples=total, seconds=seconds,
                                 rank_seconds=r["seconds"], samples_per_s=total / seconds if seconds > 0 else 0.0,
                                 stall_s=r["stall"], stall_max_s=max(x[1] for x in per_rank),
                                 bytes_delivered=r["bytes"], global_bytes=sum(x[3] for x in per_rank),
-                                verified=verified))
+                                verified=verified, page_cache_left=largest_left(x[4] for x in per_rank)))
     finally:
         del loader  # shuts persistent workers down
         dataset.close()

@@ -129,6 +129,17 @@ def _can_drop_all() -> Optional[str]:
     return None
 
 
+def largest_left(values) -> Optional[float]:
+    """Largest of the per-rank ``drop()`` results that are not None (None if all are)."""
+    known = [v for v in values if v is not None]
+    return max(known) if known else None
+
+
+def _left(paths) -> float:
+    """Largest fraction of any of ``paths`` resident in the page cache (0.0 for no paths)."""
+    return max((cached_fraction(p) for p in paths), default=0.0)
+
+
 def make_cache_dropper(paths: Iterable[str], mode: str = "file", comm=None) -> Tuple[Callable[[], None], str]:
     """``(drop, description)``: ``drop()`` makes the next read of ``paths`` cold.
 
@@ -138,7 +149,10 @@ def make_cache_dropper(paths: Iterable[str], mode: str = "file", comm=None) -> T
     ``Split_type(COMM_TYPE_SHARED)``) drops, once per node; building the
     dropper is then collective over ``comm``, and a ``"system"`` dropper that
     would fail on any node raises :class:`SolarError` on every rank up front.
-    ``drop()`` itself is not collective: put a barrier after it.
+    ``drop()`` itself is not collective: put a barrier after it.  On the dropping
+    rank it returns the largest fraction (0..1) of a data file still in the page
+    cache right after the drop (:func:`cached_fraction`, the check that the drop
+    worked); elsewhere, and in mode ``"none"``, None.
     """
     if mode not in MODES:
         raise SolarError(f"cache drop mode must be one of {', '.join(MODES)}, got {mode!r}")
@@ -165,6 +179,8 @@ def make_cache_dropper(paths: Iterable[str], mode: str = "file", comm=None) -> T
         def drop():
             if dropper:
                 drop_all_caches()
+                return _left(paths)
+            return None
         return drop, f"sync; echo 3 > {DROP_CACHES}{where}"
     for p in paths:
         if not os.path.isfile(p):
@@ -174,4 +190,6 @@ def make_cache_dropper(paths: Iterable[str], mode: str = "file", comm=None) -> T
     def drop():
         if dropper:
             drop_file_cache(paths)
+            return _left(paths)
+        return None
     return drop, f"posix_fadvise(DONTNEED) on {len(paths)} file(s), {size / 1e9:.2f} GB{where}"

@@ -1,6 +1,6 @@
-"""``solar bench``: our schedule-driven loader against the PyTorch baseline, same file,
-same epochs, same batch size, page cache dropped before each epoch; plus the disk's
-cold sequential read speed measured in the same run (the physical limit).
+"""``solar bench``: our schedule-driven loader against the strongest baselines a user would write,
+same file, epochs, batch size and sampler, page cache dropped before each epoch; plus the disk's
+cold random-read and sequential-read bandwidth measured in the same run (the physical limit).
 
 Collective over ``comm``: every rank calls :func:`bench` together.
 """
@@ -9,8 +9,6 @@ from __future__ import annotations
 import os
 import time
 from typing import Optional
-
-import numpy as np
 
 
 def rss_bytes() -> int:
@@ -29,6 +27,8 @@ def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float
 
     ``abort_on_error``: passed to SolarLoader (an error on one rank aborts the job)."""
     from ..loader import SolarLoader
+    from ..mpi import sleep_barrier
+    from .cache import largest_left
     rss0 = rss_bytes()
     loader = SolarLoader(schedule_path, layout, comm=comm, reader=reader, threads=threads, prefetch=prefetch,
                          as_torch=True, epoch_fence=True, abort_on_error=abort_on_error)
@@ -38,9 +38,8 @@ def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float
         prev = {}
         for e in range(epochs):
             loader.set_epoch(e)
-            if drop_cache is not None:
-                drop_cache()
-            comm.Barrier()
+            left = drop_cache() if drop_cache is not None else None
+            sleep_barrier(comm)
             bar = None
             if progress and comm.rank == 0:
                 from tqdm import tqdm
@@ -61,7 +60,7 @@ def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float
             d = {k: st[k] - prev.get(k, 0) for k in st}
             prev = st
             per_rank = comm.allgather((secs, samples, d["stall_s"], d["bytes_read"], d["bytes_loaded"], d["hits"],
-                                       d["misses"], d["plan_violations"], d["read_s"]))
+                                       d["misses"], d["plan_violations"], d["read_s"], left))
             seconds = max(x[0] for x in per_rank)
             total = sum(x[1] for x in per_rank)
             read = sum(x[3] for x in per_rank)
@@ -70,7 +69,8 @@ def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float
                 stall_max_s=max(x[2] for x in per_rank), storage_bytes=read,
                 storage_bytes_per_s=read / seconds if seconds else 0.0,
                 decoded_bytes_loaded=sum(x[4] for x in per_rank), block_hits=sum(x[5] for x in per_rank),
-                block_misses=sum(x[6] for x in per_rank), plan_violations=sum(x[7] for x in per_rank)))
+                block_misses=sum(x[6] for x in per_rank), plan_violations=sum(x[7] for x in per_rank),
+                page_cache_left=largest_left(x[9] for x in per_rank)))
         out["pool_bytes_per_rank"] = loader.buffer.pools.capacity_bytes if loader.buffer else 0
         out["buffer_budget_per_rank"] = loader.schedule.buffer_bytes
         out["rss_growth_bytes_max_rank"] = comm.allreduce(peak_rss - rss0, op=_max())
@@ -79,24 +79,127 @@ def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float
     return out
 
 
+#: Delivered samples per epoch and rank that each baseline's run checks against h5py (after the timer).
+VERIFY = 4
+
+
 def _max():
     from mpi4py import MPI
     return MPI.MAX
 
 
+def measure_disk(layout, depth: int = 16) -> dict:
+    """The physical limit, cold: random reads of the layout's stored blocks (``depth`` in flight)
+    and 8 MiB sequential reads (4 in flight) over its files.
+
+    Returns ``dict(bytes_per_s, method, random_read_gbps, sequential_read_gbps, block_bytes,
+    random, sequential)``; ``bytes_per_s``/``method`` are the sequential figure (as before).
+    """
+    from .disk import cold_parallel_sequential_read, cold_random_read, typical_block
+    extents, block = typical_block(layout)
+    rnd = cold_random_read(layout.files, extents, depth=depth)
+    seq = cold_parallel_sequential_read(layout.files)
+    return dict(bytes_per_s=seq["bytes_per_s"], method=seq["method"], random_read_gbps=rnd["bytes_per_s"] / 1e9,
+                sequential_read_gbps=seq["bytes_per_s"] / 1e9, block_bytes=block, random=rnd, sequential=seq)
+
+
+def _node_comm(comm):
+    from mpi4py import MPI
+    return comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
+
+
+def _enter_cgroup(comm, limit_per_node, node) -> tuple:
+    """Make one memory cgroup per node (node rank 0) and move every rank in: ``(cgroup, dir to go back to)``.
+
+    Collective; a failure on any rank raises the same :class:`SolarError` on every rank.
+    """
+    from ..errors import SolarError
+    from .memlimit import MemoryCgroup
+    made, err = None, None
+    if node.rank == 0:
+        try:
+            made = MemoryCgroup.create(f"solar-bench-{os.getpid()}", int(limit_per_node))
+        except SolarError as exc:
+            err = str(exc)
+    made = node.bcast(made, root=0)
+    errs = [e for e in comm.allgather(err) if e]
+    if errs:
+        raise SolarError(errs[0])
+    back, err = None, None
+    try:
+        back = made.join()
+    except SolarError as exc:
+        err = str(exc)
+    errs = [e for e in comm.allgather(err) if e]
+    if errs:
+        _leave_cgroup(made, back, node)
+        raise SolarError(errs[0])
+    return made, back
+
+
+def _leave_cgroup(cg, back, node):
+    """Every rank goes back to ``back``; node rank 0 moves what is left (workers' servers) and removes ``cg``."""
+    from ..mpi import sleep_barrier
+    if back:
+        cg.leave(back)
+    sleep_barrier(node)
+    if node.rank == 0:
+        cg.remove(back)
+
+
+def _limit(node, budget: int, allowance: int) -> int:
+    """Bytes of one node's memory limit: the sum of its ranks' buffer budgets (``budget`` each) plus ``allowance``."""
+    return node.allreduce(int(budget)) + int(allowance)
+
+
+def _peak(cg, node, comm):
+    """Largest peak usage of the nodes' cgroups since the last reset (None without a cgroup)."""
+    if cg is None:
+        return None
+    val = cg.peak_bytes() if node.rank == 0 else None
+    vals = [v for v in comm.allgather(val) if v is not None]
+    return max(vals) if vals else None
+
+
+def _reset_peak(cg, node):
+    if cg is not None and node.rank == 0:
+        cg.reset_peak()
+
+
 def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fraction: Optional[float] = 0.5,
           buffer_per_rank=None, seed: int = 0, cold: bool = True, cache_mode: str = "file", step_time: float = 0.0,
           num_workers: int = 2, reader: Optional[str] = None, threads: int = 16, prefetch: int = 4,
-          schedule: Optional[str] = None, loaders=("solar", "baseline"), progress: bool = False,
+          schedule: Optional[str] = None, loaders=("solar", "baseline"), baselines=None, equal_memory: bool = False,
+          memory_allowance: Optional[int] = None, disk_depth: int = 16, progress: bool = False,
           abort_on_error: bool = True) -> dict:
     """Run the comparison; returns the report (the same on every rank).
 
-    ``abort_on_error=False``: SolarLoader leaves an error on one rank to the caller (no MPI abort)."""
+    ``loaders``: ``"solar"`` and/or ``"baseline"`` (every baseline in ``baselines``,
+    default all of :data:`~solar.bench.baseline.BASELINES`; one that does not apply to
+    the layout is recorded with its skip reason).  ``equal_memory``: run every loader in
+    a memory cgroup per node limited to the node's solar buffers plus
+    ``memory_allowance`` (default :data:`~solar.bench.memlimit.ALLOWANCE_BYTES`); the ranks
+    join it before any DataLoader starts, so the workers' forkserver starts inside it, and
+    each worker checks that it is inside (a forkserver this process started earlier would not be).
+    ``disk_depth``: random reads in flight for the disk's limit.
+    ``abort_on_error=False``: SolarLoader leaves an error on one rank to the caller (no MPI abort).
+    """
+    from ..errors import SolarError
     from ..layout import load_layout
+    from ..mpi import root_call
     from ..schedule import plan
-    from .baseline import run_baseline
+    from .baseline import BASELINES
     from .cache import make_cache_dropper
-    from .disk import cold_sequential_read
+    from .memlimit import ALLOWANCE_BYTES
+    baselines = tuple(BASELINES if baselines is None else baselines)
+    for b in baselines:
+        if b not in BASELINES:
+            raise SolarError(f"baseline must be one of {', '.join(BASELINES)}, got {b!r}")
+    if not isinstance(disk_depth, int) or isinstance(disk_depth, bool) or disk_depth < 1:
+        raise SolarError(f"disk depth (random reads in flight) must be an integer >= 1, got {disk_depth!r}")
+    allowance = ALLOWANCE_BYTES if memory_allowance is None else int(memory_allowance)
+    if allowance < 0:
+        raise SolarError(f"memory allowance must be >= 0 bytes, got {memory_allowance!r}")
     layout = load_layout(spec)
     P = comm.Get_size()
     paths = list(layout.files)
@@ -104,67 +207,140 @@ def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fra
     report = {"spec": spec, "world_size": P, "local_batch": local_batch, "epochs": epochs, "seed": seed,
               "step_time_s": step_time, "cache": how, "dataset_file_bytes": sum(os.path.getsize(p) for p in paths),
               "n_samples": layout.n_samples}
-    # 1. the plan (rank 0 writes it; every rank reads its slice)
+    # 1. the plan (rank 0 writes it while the others sleep; every rank reads its slice)
     schedule = schedule or os.path.join(os.path.dirname(os.path.abspath(paths[0])),
                                         f".solar-bench-P{P}-b{local_batch}-E{epochs}.h5")
-    err = None
-    if comm.rank == 0:
-        try:
-            t0 = time.perf_counter()
-            plan(layout, world_size=P, local_batch=local_batch, epochs=epochs, buffer_fraction=buffer_fraction,
-                 buffer_per_rank=buffer_per_rank, seed=seed, out=schedule, progress=progress).close()
-            report["plan_s"] = time.perf_counter() - t0
-        except Exception as exc:  # noqa: BLE001 - re-raised on every rank below
-            err = exc
-    err = comm.bcast(err, root=0)
-    if err is not None:
-        raise err
-    report["plan_s"] = comm.bcast(report.get("plan_s"), root=0)
+
+    def make_plan():
+        t0 = time.perf_counter()
+        plan(layout, world_size=P, local_batch=local_batch, epochs=epochs, buffer_fraction=buffer_fraction,
+             buffer_per_rank=buffer_per_rank, seed=seed, out=schedule, progress=progress).close()
+        return time.perf_counter() - t0
+    report["plan_s"] = root_call(comm, make_plan)
     report["schedule"] = schedule
-    # 2. the physical limit, cold (rank 0 alone, the others wait)
-    disk = cold_sequential_read(paths) if comm.rank == 0 else None
-    report["disk"] = comm.bcast(disk, root=0)
-    comm.Barrier()
-    # 3. the loaders
+    # 2. the physical limit, cold (rank 0 alone, the others sleep)
+    report["disk"] = root_call(comm, lambda: measure_disk(layout, disk_depth))
+    # 3. the memory: unlimited, or one cgroup per node
+    node = _node_comm(comm)
+    cg = back = None
+    try:
+        from ..schedule import Schedule
+        with Schedule.load(schedule) as sch:
+            budget = int(sch.buffer_bytes)
+        if equal_memory:
+            cg, back = _enter_cgroup(comm, _limit(node, budget, allowance), node)
+            report["memory_limit_bytes"] = cg.limit_bytes
+            report["memory_allowance_bytes"] = allowance
+            report["memory_method"] = f"{cg.description}, one per node: the node's solar buffers + allowance " \
+                                      f"{allowance:,} bytes; every loader and its workers run inside it"
+        else:
+            report["memory_limit_bytes"] = None
+            report["memory_method"] = "none: memory not limited (the page cache may hold the whole dataset)"
+        _run_loaders(report, spec, layout, schedule, comm=comm, node=node, cg=cg, epochs=epochs,
+                     local_batch=local_batch, seed=seed, step_time=step_time, drop=drop, reader=reader,
+                     threads=threads, prefetch=prefetch, num_workers=num_workers, progress=progress,
+                     abort_on_error=abort_on_error, loaders=loaders, baselines=baselines, budget=budget)
+    finally:
+        if cg is not None:
+            _leave_cgroup(cg, back, node)
+        node.Free()
+    _ratios(report)
+    return report
+
+
+def _run_loaders(report, spec, layout, schedule, *, comm, node, cg, epochs, local_batch, seed, step_time, drop,
+                 reader, threads, prefetch, num_workers, progress, abort_on_error, loaders, baselines, budget):
+    """Run solar and each baseline in turn, filling ``report["solar"]``, ``["baselines"]``, ``["baseline"]``."""
+    import functools
+
+    from .baseline import run_baseline, skip_reason
+    from .memlimit import check_worker_in
     if "solar" in loaders:
+        _reset_peak(cg, node)
         report["solar"] = run_solar(schedule, layout, comm=comm, epochs=epochs, step_time=step_time,
                                     drop_cache=drop, reader=reader, threads=threads, prefetch=prefetch,
                                     progress=progress, abort_on_error=abort_on_error)
-    if "baseline" in loaders:
-        report["baseline"] = {"num_workers": num_workers, "epochs": run_baseline(
-            spec, comm=comm, local_batch=local_batch, epochs=epochs, seed=seed, num_workers=num_workers,
-            step_time=step_time, drop_cache=drop, progress=progress)}
-    if "solar" in loaders and "baseline" in loaders:
+        report["solar"]["memory_peak_bytes"] = _peak(cg, node, comm)
+    if "baseline" not in loaders:
+        return
+    report["baselines"] = {}
+    init = functools.partial(check_worker_in, cg.path, cg.limit_file) if cg is not None else None
+    for kind in baselines:
+        why = skip_reason(layout, kind)
+        if why:
+            report["baselines"][kind] = {"skipped": why}
+            continue
+        _reset_peak(cg, node)
+        eps = run_baseline(spec, comm=comm, local_batch=local_batch, epochs=epochs, seed=seed,
+                           num_workers=num_workers, step_time=step_time, drop_cache=drop, progress=progress,
+                           kind=kind, memory_bytes=budget, worker_init_fn=init, verify=VERIFY)
+        report["baselines"][kind] = {"num_workers": num_workers, "epochs": eps,
+                                     "samples_per_s": [e["samples_per_s"] for e in eps],
+                                     "memory_peak_bytes": _peak(cg, node, comm)}
+        if kind == "h5py-cache":
+            report["baselines"][kind]["chunk_cache_bytes_per_rank"] = budget
+    if "torch" in report["baselines"] and "epochs" in report["baselines"]["torch"]:
+        report["baseline"] = report["baselines"]["torch"]
+
+
+def _ratios(report: dict):
+    """``speedup`` (vs torch), ``speedup_vs_best``/``best_baseline`` (per epoch), ``limit_ratio``, ``storage_vs_disk``."""
+    n = report["epochs"]
+    ran = {k: v["epochs"] for k, v in report.get("baselines", {}).items() if "epochs" in v}
+    if "solar" in report and "baseline" in report:
         report["speedup"] = [s["samples_per_s"] / b["samples_per_s"] if b["samples_per_s"] else None
                              for s, b in zip(report["solar"]["epochs"], report["baseline"]["epochs"])]
-    bw = report["disk"]["bytes_per_s"]
-    if "solar" in report and bw:
-        for ep in report["solar"]["epochs"]:
-            ep["storage_vs_disk"] = ep["storage_bytes_per_s"] / bw
-    return report
+    if ran:
+        report["best_baseline"] = [max(ran, key=lambda k: ran[k][e]["samples_per_s"]) for e in range(n)]
+    if "solar" in report and ran:
+        report["speedup_vs_best"] = []
+        for e, best in enumerate(report["best_baseline"]):
+            b = ran[best][e]["samples_per_s"]
+            report["speedup_vs_best"].append(report["solar"]["epochs"][e]["samples_per_s"] / b if b else None)
+    if "solar" not in report:
+        return
+    seq, rnd = report["disk"]["bytes_per_s"], report["disk"]["random_read_gbps"] * 1e9
+    for ep in report["solar"]["epochs"]:
+        ep["storage_vs_disk"] = ep["storage_bytes_per_s"] / seq if seq else None
+        ep["limit_ratio"] = (ep["storage_bytes"] / rnd) / ep["seconds"] if rnd and ep["seconds"] else None
+    report["limit_ratio"] = [ep["limit_ratio"] for ep in report["solar"]["epochs"]]
 
 
 def format_report(r: dict) -> str:
     from ..layout.summary import human_bytes
+    d = r["disk"]
     lines = [f"solar bench {r['spec']}: {r['n_samples']:,} samples, {human_bytes(r['dataset_file_bytes'])} on disk; "
              f"{r['world_size']} ranks x local batch {r['local_batch']}, {r['epochs']} epochs, step time "
              f"{r['step_time_s']} s",
              f"page cache before each epoch: {r['cache']}",
-             f"disk cold sequential read: {r['disk']['bytes_per_s'] / 1e9:.2f} GB/s ({r['disk']['method']})"]
+             f"memory: {r['memory_method']}",
+             f"disk cold random read: {d['random_read_gbps']:.2f} GB/s ({human_bytes(d['block_bytes'])} blocks, "
+             f"{d['random']['depth']} in flight)",
+             f"disk cold sequential read: {d['sequential_read_gbps']:.2f} GB/s "
+             f"({human_bytes(d['sequential']['request_bytes'])} requests, {d['sequential']['depth']} in flight)"]
     if "solar" in r:
         s = r["solar"]
         lines.append(f"solar: reader {s['reader']}, buffer {human_bytes(s['buffer_budget_per_rank'])} per rank "
                      f"(pools {human_bytes(s['pool_bytes_per_rank'])}), RSS growth {human_bytes(s['rss_growth_bytes_max_rank'])}"
                      f" on the largest rank")
-    lines.append("epoch  baseline samples/s  solar samples/s  speedup  solar stall s  solar read  read GB/s (x disk)")
+    for kind, b in r.get("baselines", {}).items():
+        if "skipped" in b:
+            lines.append(f"baseline {kind}: skipped ({b['skipped']})")
+    ran = [k for k, b in r.get("baselines", {}).items() if "epochs" in b]
+    lines.append("samples/s per epoch; speedup = solar / torch, vs best = solar / fastest baseline that epoch, "
+                 "limit_ratio = (solar's storage bytes / random-read GB/s) / solar's epoch time")
+    lines.append("epoch  " + "".join(f"{k:>13}" for k in ran) + "     solar  speedup       vs best (name)"
+                 "  limit_ratio  stall s  solar read")
     n = r["epochs"]
     for e in range(n):
-        b = r.get("baseline", {}).get("epochs", [{}] * n)[e]
         s = r.get("solar", {}).get("epochs", [{}] * n)[e]
         sp = r.get("speedup", [None] * n)[e]
+        sb = r.get("speedup_vs_best", [None] * n)[e]
+        best = r.get("best_baseline", [None] * n)[e]
+        lr = s.get("limit_ratio")
         lines.append(
-            f"{e:5d}  {b.get('samples_per_s', float('nan')):18.1f}  {s.get('samples_per_s', float('nan')):15.1f}  "
-            f"{'x%.2f' % sp if sp else '   -':>7}  {s.get('stall_max_s', float('nan')):13.2f}  "
-            f"{human_bytes(s.get('storage_bytes', 0)):>10}  {s.get('storage_bytes_per_s', 0) / 1e9:6.2f} "
-            f"(x{s.get('storage_vs_disk', 0):.2f})")
+            f"{e:5d}  " + "".join(f"{r['baselines'][k]['samples_per_s'][e]:13.1f}" for k in ran)
+            + f"  {s.get('samples_per_s', float('nan')):8.1f}  {'x%.2f' % sp if sp else '-':>7}"
+            + f"  {('x%.2f (%s)' % (sb, best)) if sb else '-':>19}  {'%.2f' % lr if lr is not None else '-':>11}"
+            + f"  {s.get('stall_max_s', float('nan')):7.2f}  {human_bytes(s.get('storage_bytes', 0)):>10}")
     return "\n".join(lines)

@@ -1,4 +1,9 @@
-"""The disk's sequential read speed, measured in the same run as a benchmark (the physical limit).
+"""The disk's read speed, measured in the same run as a benchmark (the physical limit).
+
+``solar bench`` uses the deep-queue figures: :func:`cold_random_read` (the layout's
+stored blocks, :func:`typical_block`, in random order with 16+ reads in flight) and
+:func:`cold_parallel_sequential_read` (large requests, a few in flight).  The
+single-stream functions below are kept for comparison with older figures.
 
 :func:`cold_sequential_read` drops each file from the page cache, then reads
 it front to back in large blocks with ``os.preadv`` into one reused buffer,
@@ -85,3 +90,155 @@ def warm_sequential_read(paths: Iterable[str], *, block: int = 16 * MIB, max_byt
     nbytes, seconds = _read_all(paths, block, max_bytes)
     return _result(paths, nbytes, seconds,
                    f"warm: second sequential preadv pass of {block / MIB:g} MiB blocks into one buffer")
+
+
+# ------------------------------------------------------------ deep-queue reads
+def typical_block(layout) -> tuple:
+    """``(extents, block_bytes)`` of a layout's stored blocks.
+
+    ``extents``: int64[B', 3] of ``(file index, byte offset, stored bytes)`` for every
+    block that is on storage (written, not empty); ``block_bytes``: their median stored
+    size (the layout's typical read).  Raises :class:`SolarError` when no block is on storage.
+    """
+    import numpy as np
+    on = (layout.block_offset >= 0) & (layout.block_stored > 0)
+    if not on.any():
+        raise SolarError(f"no block of {', '.join(layout.files)} is stored on disk: nothing to measure")
+    files = np.array([layout.datasets[d].file for d in range(len(layout.datasets))], dtype=np.int64)
+    ext = np.stack([files[layout.block_dataset[on]], layout.block_offset[on], layout.block_stored[on]], axis=1)
+    return ext.astype(np.int64), int(np.median(ext[:, 2]))
+
+
+def _parallel(work, depth: int) -> float:
+    """Run ``work(t)`` for t in ``range(depth)`` on ``depth`` threads; the wall seconds until all end."""
+    import threading
+    errors = []
+
+    def run(t):
+        try:
+            work(t)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
+            errors.append(exc)
+    threads = [threading.Thread(target=run, args=(t,), name=f"solar-disk-{t}") for t in range(depth)]
+    t0 = time.perf_counter()
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    if errors:
+        raise errors[0]
+    return time.perf_counter() - t0
+
+
+def _open_all(paths, advice: int) -> list:
+    fds = []
+    for p in paths:
+        try:
+            fd = os.open(p, os.O_RDONLY)
+        except OSError as exc:
+            for f in fds:
+                os.close(f)
+            raise SolarError(f"cannot open {p} for reading: {exc.strerror}") from None
+        os.posix_fadvise(fd, 0, 0, advice)
+        fds.append(fd)
+    return fds
+
+
+def _check_depth(depth: int, max_bytes: int, max_seconds: float):
+    if not isinstance(depth, int) or depth < 1:
+        raise SolarError(f"reads in flight must be an integer >= 1, got {depth!r}")
+    if not isinstance(max_bytes, int) or max_bytes < 1:
+        raise SolarError(f"max_bytes must be a positive integer, got {max_bytes!r}")
+    if not max_seconds > 0:
+        raise SolarError(f"max_seconds must be > 0, got {max_seconds!r}")
+
+
+def cold_random_read(paths: Iterable[str], extents, *, depth: int = 16, max_bytes: int = 256 * MIB,
+                     max_seconds: float = 3.0, seed: int = 0) -> dict:
+    """Cold random-read bandwidth at the layout's block size with ``depth`` reads in flight.
+
+    ``extents``: int64[B, 3] rows ``(file index into paths, offset, bytes)`` (see
+    :func:`typical_block`).  The files are dropped from the page cache (not timed) and
+    hinted ``POSIX_FADV_RANDOM`` (no readahead: only the requested bytes move); then
+    ``depth`` threads each issue ``os.preadv`` of the extents in one shuffled order
+    (thread t takes every depth-th), until all are read, ``max_bytes`` are read or
+    ``max_seconds`` pass.  Returns ``dict(bytes, reads, seconds, bytes_per_s, depth,
+    block_bytes, method, files)``.
+    """
+    import numpy as np
+    paths = _paths(paths)
+    _check_depth(depth, max_bytes, max_seconds)
+    ext = np.asarray(extents, dtype=np.int64).reshape(-1, 3)
+    if ext.shape[0] == 0:
+        raise SolarError("no extents to read: the layout has no block on storage")
+    order = ext[np.random.default_rng(seed).permutation(ext.shape[0])]
+    how = drop_file_cache(paths)
+    fds = _open_all(paths, os.POSIX_FADV_RANDOM)
+    done = np.zeros((depth, 2), dtype=np.int64)  # bytes, reads per thread
+    deadline = [0.0]
+
+    def work(t):
+        view = memoryview(bytearray(int(order[:, 2].max())))
+        cap = max_bytes // depth + 1
+        for fi, off, n in order[t::depth]:
+            if done[t, 0] >= cap or time.perf_counter() > deadline[0]:
+                break
+            done[t, 0] += os.preadv(fds[fi], [view[:n]], int(off))
+            done[t, 1] += 1
+    try:
+        deadline[0] = time.perf_counter() + max_seconds
+        seconds = _parallel(work, depth)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    nbytes, reads = int(done[:, 0].sum()), int(done[:, 1].sum())
+    block = int(np.median(ext[:, 2]))
+    r = _result(paths, nbytes, seconds, f"cold: {how}, then POSIX_FADV_RANDOM and {depth} threads each issuing "
+                                        f"preadv of the layout's stored blocks (median {block:,} bytes) in random order")
+    r.update(reads=reads, depth=depth, block_bytes=block)
+    return r
+
+
+def cold_parallel_sequential_read(paths: Iterable[str], *, request: int = 8 * MIB, depth: int = 4,
+                                  max_bytes: int = 1 << 30, max_seconds: float = 3.0) -> dict:
+    """Cold sequential bandwidth: ``request``-byte ``preadv`` calls, ``depth`` in flight, front to back.
+
+    The files are dropped from the page cache (not timed) and hinted
+    ``POSIX_FADV_SEQUENTIAL``; ``depth`` threads take the next request of the files in
+    order from a shared cursor, until the files, ``max_bytes`` or ``max_seconds`` end.
+    Returns ``dict(bytes, seconds, bytes_per_s, depth, request_bytes, method, files)``.
+    """
+    import threading
+    paths = _paths(paths)
+    _check(request, None)
+    _check_depth(depth, max_bytes, max_seconds)
+    sizes = [os.path.getsize(p) for p in paths]
+    reqs = [(i, off) for i, s in enumerate(sizes) for off in range(0, s, request)]
+    how = drop_file_cache(paths)
+    fds = _open_all(paths, os.POSIX_FADV_SEQUENTIAL)
+    lock = threading.Lock()
+    cursor, total = [0], [0]
+    deadline = [0.0]
+
+    def work(_t):
+        view = memoryview(bytearray(request))
+        while True:
+            with lock:
+                k = cursor[0]
+                if k >= len(reqs) or total[0] >= max_bytes or time.perf_counter() > deadline[0]:
+                    return
+                cursor[0] += 1
+            fi, off = reqs[k]
+            n = os.preadv(fds[fi], [view[:min(request, sizes[fi] - off)]], off)
+            with lock:
+                total[0] += n
+    try:
+        deadline[0] = time.perf_counter() + max_seconds
+        seconds = _parallel(work, depth)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    r = _result(paths, total[0], seconds, f"cold: {how}, then POSIX_FADV_SEQUENTIAL and {depth} threads issuing "
+                                          f"{request / MIB:g} MiB preadv requests front to back")
+    r.update(depth=depth, request_bytes=request)
+    return r

@@ -1,4 +1,4 @@
-"""``solar bench``: loader-only benchmark of solar against DataLoader + DistributedSampler + h5py."""
+"""``solar bench``: loader-only benchmark of solar against DataLoader + DistributedSampler baselines."""
 from __future__ import annotations
 
 import argparse
@@ -14,7 +14,17 @@ Run under MPI, one process per training rank:
 The training step is replaced by --step-time seconds of sleep (default 0: loader only).
 --cold drops the dataset files' pages (posix_fadvise DONTNEED, no root needed) before each
 epoch, on one rank per node; --cache-mode system drops the whole page cache (root).
-The JSON has per-epoch samples/s of both loaders and their ratio as "speedup".
+Baselines (--baselines, default all): torch (h5py per sample, datasets kept open), memmap
+(contiguous unfiltered data), h5py-cache (chunked data, chunk cache = solar's buffer per rank),
+batched (one sorted fancy-index read per field and batch); one that does not apply to the
+layout is skipped with the reason in the output.
+The disk's limit is measured in the same run, cold: random reads of the layout's stored
+blocks (--disk-depth in flight) and 8 MiB sequential reads (4 in flight).
+--equal-memory (root, Linux memory cgroup) runs every loader in one memory cgroup per node
+limited to the node's solar buffers + --memory-allowance (page cache counted).
+The JSON has per-epoch samples/s of every loader, "speedup" (solar / torch), "speedup_vs_best"
+and "best_baseline" (the fastest baseline each epoch) and "limit_ratio" (solar's storage
+bytes at the disk's random-read bandwidth / solar's epoch time).
 An error on one rank prints "solar bench: error on rank R: ..." and aborts every rank
 (MPI_Abort), so no rank waits in a collective forever; --no-abort-on-error turns that off.
 """
@@ -23,7 +33,7 @@ An error on one rank prints "solar bench: error on rank R: ..." and aborts every
 def add_parser(sub):
     p = sub.add_parser("bench", help="benchmark the solar loader against the PyTorch baseline (under mpiexec)",
                        description="Loader-only benchmark: solar (plan + buffer + readers) vs DataLoader + "
-                                   "DistributedSampler + h5py, same file, epochs and batch size.",
+                                   "DistributedSampler baselines (h5py, memmap), same file, epochs, batches and sampler.",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("spec", metavar="SPEC", help="layout spec, folder holding solar-layout.json, or HDF5 file")
     p.add_argument("--epochs", type=int, default=3)
@@ -41,7 +51,14 @@ def add_parser(sub):
     p.add_argument("--threads", type=int, default=16, help="solar reader threads per rank (I/O depth)")
     p.add_argument("--prefetch", type=int, default=4, help="solar steps prefetched ahead")
     p.add_argument("--schedule", help="schedule file to write (default: next to the data)")
-    p.add_argument("--only", choices=("solar", "baseline"), help="run one loader only")
+    p.add_argument("--only", choices=("solar", "baseline"), help="run solar only, or the baselines only")
+    p.add_argument("--baselines", type=_baselines, default=None,
+                   help="comma-separated baselines to run (default: torch,memmap,h5py-cache,batched)")
+    p.add_argument("--equal-memory", action="store_true",
+                   help="limit every loader to the same memory, page cache included (memory cgroup; root)")
+    p.add_argument("--memory-allowance", type=parse_bytes, default=None,
+                   help="with --equal-memory: bytes per node on top of solar's buffers (default 1 GiB)")
+    p.add_argument("--disk-depth", type=int, default=16, help="random reads in flight for the disk's limit")
     p.add_argument("--json", action="store_true")
     p.add_argument("--no-abort-on-error", dest="abort_on_error", action="store_false",
                    help="do not MPI_Abort every rank when one fails (the default does, so none waits forever)")
@@ -49,8 +66,20 @@ def add_parser(sub):
     return p
 
 
+def _baselines(text: str) -> tuple:
+    """``--baselines``: a comma-separated subset of the baselines' names."""
+    from ..bench.baseline import BASELINES
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    bad = [n for n in names if n not in BASELINES]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"unknown baseline {bad[0] if bad else text!r}; "
+                                         f"choose from {','.join(BASELINES)}")
+    return names
+
+
 def run(args) -> int:
     from mpi4py import MPI
+
     from ..bench.compare import bench, format_report
     from ..mpi import abort_on_error
     comm = MPI.COMM_WORLD
@@ -62,6 +91,8 @@ def run(args) -> int:
                     cache_mode=args.cache_mode, step_time=args.step_time, num_workers=args.num_workers,
                     reader=args.reader, threads=args.threads, prefetch=args.prefetch, schedule=args.schedule,
                     loaders=(args.only,) if args.only else ("solar", "baseline"),
+                    baselines=args.baselines, equal_memory=args.equal_memory,
+                    memory_allowance=args.memory_allowance, disk_depth=args.disk_depth,
                     progress=sys.stderr.isatty() and comm.rank == 0, abort_on_error=args.abort_on_error)
     if comm.rank == 0:
         print(json.dumps(rep, indent=2) if args.json else format_report(rep))
