@@ -13,7 +13,9 @@ presets:
   ptychonn   one file, X_train/Y_I_train/Y_phi_train float32 [N,S,S,1] (default N=2048, S=128)
   well       The Well layout, train/valid/test folders, one file per parameter set,
              t0_fields/{density,pressure} [B,T,S,3S], t1_fields/velocity [B,T,S,3S,2];
-             --samples = trajectories per train file (default 4), --steps T (default 101)
+             --samples = trajectories per train file (default 4), --steps T (default 101, >= 5
+             for the spec's 4+1-frame windows); real file names, The Well's attributes and
+             boundary masks (passes its format checker), and stats.yaml (train-split mean/std/rms)
   pdebench   --variant single: root density/pressure/Vx/Vy [N,T,S,S] (default N=100, T=21);
              --variant mult: one group per seed with data [T,S,S,2], lzf (default N=50, T=101)
   cosmoflow  one file per sample: full int16 [S,S,S,4] + unitPar [4] (default N=32, S=128)

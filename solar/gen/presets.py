@@ -91,76 +91,202 @@ def gen_ptychonn(outdir: str, cfg: GenConfig) -> LayoutSpec:
 
 
 # --------------------------------------------------------------------- The Well
-WELL_NAME = "turbulent_radiative_layer_2D"
-WELL_PARAMS = (0.03, 0.1)  # tcool values: one file per parameter set in each split
+WELL_NAME = "turbulent_radiative_layer_2D"  # dataset folder and ``dataset_name`` attribute
+WELL_FILE_PREFIX = "turbulent_radiative_layer"  # the real files drop the "_2D": ..._tcool_0.10.hdf5
+WELL_PARAMS = (0.03, 0.1)  # tcool values (2 of the real set's 9): one file per value in each split
 WELL_FIELDS = ("t0_fields/density", "t0_fields/pressure", "t1_fields/velocity")
+WELL_STATS = "stats.yaml"  # next to data/, as The Well ships it; from the train split
+WELL_STAT_KEYS = ("mean", "mean_delta", "rms", "rms_delta", "std", "std_delta")
+
+
+def well_file_name(tcool: float) -> str:
+    """The real set's file name for one tcool value: ``turbulent_radiative_layer_tcool_0.10.hdf5``."""
+    return f"{WELL_FILE_PREFIX}_tcool_{tcool:.2f}.hdf5"
+
+
+def _strs(names) -> np.ndarray:
+    """A list of names as an HDF5 variable-length string array (read back as ``str``)."""
+    return np.array(list(names), dtype=object).astype(h5py.string_dtype())
+
+
+def _flags(obj, sample_varying: bool, time_varying: bool):
+    """The two booleans The Well's format checker requires on every dataset and boundary group."""
+    obj.attrs["sample_varying"] = sample_varying
+    obj.attrs["time_varying"] = time_varying
+
+
+def _well_metadata(f: h5py.File, n_traj: int, T: int, nx: int, ny: int, tcool: float):
+    """Root attributes, ``dimensions``, ``boundary_conditions`` and ``scalars`` of one file.
+
+    ``dimensions/time`` is ``[T]`` (time-varying), ``x``/``y`` are ``[nx]``/``[ny]`` cell
+    coordinates.  Each boundary mask is True on the two edge points of its axis, periodic
+    x included, as in the real files (all False would read as no boundary given).
+    """
+    f.attrs["dataset_name"] = WELL_NAME
+    f.attrs["grid_type"] = "cartesian"
+    f.attrs["n_spatial_dims"] = 2
+    f.attrs["n_trajectories"] = n_traj
+    f.attrs["simulation_parameters"] = _strs(["tcool"])
+    f.attrs["tcool"] = tcool
+    dims = f.create_group("dimensions")
+    dims.attrs["spatial_dims"] = _strs(["x", "y"])
+    for name, vals in (("time", np.linspace(0, 1, T)), ("x", np.linspace(-0.5, 0.5, nx)),
+                       ("y", np.linspace(-1, 2, ny))):
+        _flags(dims.create_dataset(name, data=vals.astype(np.float32)), False, name == "time")
+    bcs = f.create_group("boundary_conditions")
+    for name, kind, dim, n in (("x_periodic", "PERIODIC", "x", nx), ("y_open", "OPEN", "y", ny)):
+        g = bcs.create_group(name)
+        g.attrs["bc_type"] = kind
+        g.attrs["associated_dims"] = _strs([dim])
+        g.attrs["associated_fields"] = _strs([])
+        _flags(g, False, False)
+        mask = np.zeros(n, dtype=bool)
+        mask[[0, -1]] = True
+        g.create_dataset("mask", data=mask)
+    sc = f.create_group("scalars")
+    sc.attrs["field_names"] = _strs(["tcool"])
+    _flags(sc.create_dataset("tcool", data=np.float32(tcool)), False, False)
+
+
+def _well_field_datasets(f: h5py.File, n_traj: int, T: int, nx: int, ny: int, st: Storage) -> dict:
+    """Empty ``t{0,1,2}_fields`` datasets: ``{WELL_FIELDS name: dataset [B, T, nx, ny(, 2)]}``."""
+    groups = {}
+    for g, names in (("t0_fields", ["density", "pressure"]), ("t1_fields", ["velocity"]), ("t2_fields", [])):
+        groups[g] = f.create_group(g)
+        groups[g].attrs["field_names"] = _strs(names)
+    dsets = {}
+    for name in WELL_FIELDS:
+        g, leaf = name.split("/")
+        shape = (n_traj, T, nx, ny) + ((2,) if g == "t1_fields" else ())
+        d = groups[g].create_dataset(leaf, shape=shape, dtype="f4", **st.kwargs(shape, 2))
+        d.attrs["dim_varying"] = np.array([True, True])
+        _flags(d, True, True)
+        dsets[name] = d
+    return dsets
+
+
+def _well_trajectory(rng: np.random.Generator, T: int, nx: int, ny: int) -> dict:
+    """One trajectory: ``{WELL_FIELDS name: float32 (T, nx, ny) or (T, nx, ny, 2)}``."""
+    density = np.exp(0.3 * smooth_frames(rng, (nx, ny), T))
+    pressure = 1.0 + 0.1 * smooth_frames(rng, (nx, ny), T)
+    vel = np.stack([smooth_frames(rng, (nx, ny), T), smooth_frames(rng, (nx, ny), T)], axis=-1)
+    return dict(zip(WELL_FIELDS, (density, pressure, vel)))
+
+
+class _Moments:
+    """Count, mean and summed squared deviation of values, per tensor component (float64).
+
+    Batches are merged with Chan et al.'s pairwise update, so the result equals one pass
+    over all values (up to rounding) without holding them.
+    """
+
+    def __init__(self):
+        self.n, self.mean, self.m2 = 0, 0.0, 0.0
+
+    def add(self, x: np.ndarray, order: int):
+        """Fold in ``x``: reduce over every axis but the last ``order`` (0: scalar field, 1: vector)."""
+        axes = tuple(range(x.ndim - order))
+        n = int(np.prod([x.shape[a] for a in axes]))
+        if n == 0:
+            return
+        mean = x.mean(axis=axes)
+        m2 = ((x - mean) ** 2).sum(axis=axes)
+        total = self.n + n
+        d = mean - self.mean
+        self.mean = self.mean + d * (n / total)
+        self.m2 = self.m2 + m2 + d * d * (self.n * n / total)
+        self.n = total
+
+    def summary(self):
+        """``(mean, std, rms)`` with the population variance (divide by the count)."""
+        var = self.m2 / self.n
+        return self.mean, np.sqrt(var), np.sqrt(var + self.mean ** 2)
+
+
+class _WellStats:
+    """The statistics of The Well's ``stats.yaml`` over the trajectories given to :meth:`add`.
+
+    Per field (leaf name, e.g. ``velocity``) and component: mean, std and rms of the values
+    and of the frame-to-frame differences ``x[t+1] - x[t]`` (the ``*_delta`` keys), over
+    trajectories, time and space.
+    """
+
+    def __init__(self):
+        self.values = {name: _Moments() for name in WELL_FIELDS}
+        self.deltas = {name: _Moments() for name in WELL_FIELDS}
+
+    def add(self, frames: dict):
+        """Fold in one trajectory, as :func:`_well_trajectory` returns it."""
+        for name, x in frames.items():
+            order = int(name[1])  # t0_fields: scalar, t1_fields: vector
+            x = x.astype(np.float64)
+            self.values[name].add(x, order)
+            self.deltas[name].add(x[1:] - x[:-1], order)
+
+    def table(self) -> dict:
+        """``{key: {field: float or [float per component]}}`` for each of :data:`WELL_STAT_KEYS`."""
+        out = {k: {} for k in WELL_STAT_KEYS}
+        for suffix, moments in (("", self.values), ("_delta", self.deltas)):
+            for name, m in moments.items():
+                leaf = name.split("/")[1]
+                for key, v in zip(("mean", "std", "rms"), m.summary()):
+                    out[key + suffix][leaf] = np.asarray(v).tolist()
+        return out
+
+
+def _yaml_float(v: float) -> str:
+    """17 significant digits (exact round trip), with the dot and signed exponent YAML 1.1 needs."""
+    return f"{v:.16E}"
+
+
+def well_stats_yaml(table: dict) -> str:
+    """``stats.yaml`` text in The Well's layout: a block mapping per key, a list for vector fields."""
+    lines = []
+    for key in WELL_STAT_KEYS:
+        lines.append(f"{key}:")
+        for field_name, v in table[key].items():
+            if isinstance(v, list):
+                lines.append(f"  {field_name}:")
+                lines.extend(f"  - {_yaml_float(c)}" for c in v)
+            else:
+                lines.append(f"  {field_name}: {_yaml_float(v)}")
+    return "\n".join(lines) + "\n"
+
+
+def _write_text(path: str, text: str):
+    """``text`` as UTF-8 into ``path`` (a temporary name given by :func:`write_atomic`)."""
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(text)
 
 
 def _write_well_file(path: str, n_traj: int, T: int, nx: int, ny: int, tcool: float, st: Storage,
-                     seed: int, file_key: int, bar):
-    str_dt = h5py.string_dtype()
+                     seed: int, file_key: int, bar, stats: Optional[_WellStats] = None):
+    """One file of ``n_traj`` trajectories; each is also folded into ``stats`` when given."""
     with AtomicH5(path) as out:
         f = out.file
-        f.attrs["dataset_name"] = WELL_NAME
-        f.attrs["grid_type"] = "cartesian"
-        f.attrs["n_spatial_dims"] = 2
-        f.attrs["n_trajectories"] = n_traj
-        f.attrs["simulation_parameters"] = np.array(["tcool"], dtype=object).astype(str_dt)
-        f.attrs["tcool"] = tcool
-        dims = f.create_group("dimensions")
-        dims.attrs["spatial_dims"] = np.array(["x", "y"], dtype=object).astype(str_dt)
-        for name, vals in (("time", np.linspace(0, 1, T)), ("x", np.linspace(-0.5, 0.5, nx)),
-                           ("y", np.linspace(-1, 2, ny))):
-            d = dims.create_dataset(name, data=vals.astype(np.float32))
-            d.attrs["sample_varying"] = False
-        bcs = f.create_group("boundary_conditions")
-        for name, kind, dim in (("x_periodic", "PERIODIC", "x"), ("y_open", "OPEN", "y")):
-            g = bcs.create_group(name)
-            g.attrs["bc_type"] = kind
-            g.attrs["associated_dims"] = np.array([dim], dtype=object).astype(str_dt)
-            g.attrs["associated_fields"] = np.array([], dtype=object).astype(str_dt)
-            g.attrs["sample_varying"] = False
-            g.attrs["time_varying"] = False
-            n = nx if dim == "x" else ny
-            mask = np.zeros(n, dtype=bool)
-            if kind != "PERIODIC":
-                mask[[0, -1]] = True
-            g.create_dataset("mask", data=mask)
-        sc = f.create_group("scalars")
-        sc.attrs["field_names"] = np.array(["tcool"], dtype=object).astype(str_dt)
-        d = sc.create_dataset("tcool", data=np.float32(tcool))
-        d.attrs["time_varying"] = False
-        d.attrs["sample_varying"] = False
-        groups = {}
-        for g, names in (("t0_fields", ["density", "pressure"]), ("t1_fields", ["velocity"]), ("t2_fields", [])):
-            groups[g] = f.create_group(g)
-            groups[g].attrs["field_names"] = np.array(names, dtype=object).astype(str_dt)
-        dsets = {}
-        for name in WELL_FIELDS:
-            g, leaf = name.split("/")
-            shape = (n_traj, T, nx, ny) + ((2,) if g == "t1_fields" else ())
-            d = groups[g].create_dataset(leaf, shape=shape, dtype="f4", **st.kwargs(shape, 2))
-            d.attrs["dim_varying"] = np.array([True, True])
-            d.attrs["sample_varying"] = True
-            d.attrs["time_varying"] = True
-            dsets[name] = d
+        _well_metadata(f, n_traj, T, nx, ny, tcool)
+        dsets = _well_field_datasets(f, n_traj, T, nx, ny, st)
         for b in range(n_traj):
-            rng = _rng(seed, 2, file_key, b)
-            dsets["t0_fields/density"][b] = np.exp(0.3 * smooth_frames(rng, (nx, ny), T))
-            dsets["t0_fields/pressure"][b] = 1.0 + 0.1 * smooth_frames(rng, (nx, ny), T)
-            vel = np.stack([smooth_frames(rng, (nx, ny), T), smooth_frames(rng, (nx, ny), T)], axis=-1)
-            dsets["t1_fields/velocity"][b] = vel  # (T, X, Y, 2)
+            frames = _well_trajectory(_rng(seed, 2, file_key, b), T, nx, ny)
+            for name, d in dsets.items():
+                d[b] = frames[name]
+            if stats is not None:
+                stats.add(frames)
             out.check()
             bar.update(1)
 
 
 def gen_well(outdir: str, cfg: GenConfig) -> LayoutSpec:
-    """The Well: ``{name}/data/{train,valid,test}/{name}_tcool_{p}.hdf5``, one file per parameter.
+    """The Well: ``{name}/data/{train,valid,test}/turbulent_radiative_layer_tcool_{p:.2f}.hdf5``,
+    one file per parameter, and ``{name}/stats.yaml`` computed over the train split.
 
-    ``samples`` = trajectories per train file (valid/test get a quarter, at least 1).
+    ``samples`` = trajectories per train file (valid/test get a quarter, at least 1);
+    ``steps`` = frames per trajectory, at least 2 (the statistics include frame differences).
     """
     n_traj = cfg.samples or 4
     T = cfg.steps or 101
+    if T < 2:
+        raise SpecError(f"well needs --steps of at least 2 (stats.yaml holds frame-to-frame statistics), got {T}")
     nx = cfg.size or 128
     ny = 3 * nx
     st = _storage(cfg, Storage())
@@ -169,11 +295,14 @@ def gen_well(outdir: str, cfg: GenConfig) -> LayoutSpec:
     for split, nt in (("train", n_traj), ("valid", n_small), ("test", n_small)):
         folder = os.path.join(outdir, WELL_NAME, "data", split)
         _makedirs(folder)
-        for p_idx, tcool in enumerate(WELL_PARAMS):
-            jobs.append((os.path.join(folder, f"{WELL_NAME}_tcool_{tcool}.hdf5"), nt, tcool, len(jobs)))
+        for tcool in WELL_PARAMS:
+            jobs.append((os.path.join(folder, well_file_name(tcool)), nt, tcool, len(jobs), split == "train"))
+    stats = _WellStats()
     with _bar(sum(j[1] for j in jobs), "well (trajectories)", cfg.progress) as bar:
-        for path, nt, tcool, key in jobs:
-            _write_well_file(path, nt, T, nx, ny, tcool, st, cfg.seed, key, bar)
+        for path, nt, tcool, key, train in jobs:
+            _write_well_file(path, nt, T, nx, ny, tcool, st, cfg.seed, key, bar, stats if train else None)
+    text = well_stats_yaml(stats.table())
+    write_atomic(os.path.join(outdir, WELL_NAME, WELL_STATS), lambda tmp: _write_text(tmp, text))
     spec = LayoutSpec("windows", (f"{WELL_NAME}/data/train/*.hdf5",), WELL_FIELDS, root=outdir,
                       n_steps_input=4, n_steps_output=1, dt=1, name="well")
     _save_spec(spec, outdir)
