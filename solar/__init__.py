@@ -10,4 +10,14 @@ from .layout import Layout, LayoutSpec, build_layout, load_layout  # noqa: E402
 from .schedule import Schedule, ScheduleError, plan  # noqa: E402
 
 __all__ = ["__version__", "SolarError", "SpecError", "LayoutError", "DecodeError", "WriteError", "Layout", "LayoutSpec",
-           "build_layout", "load_layout", "Schedule", "ScheduleError", "plan"]
+           "build_layout", "load_layout", "Schedule", "ScheduleError", "plan", "SolarLoader", "SolarDataset"]
+
+_LAZY = {"SolarLoader": "solar.loader", "SolarDataset": "solar.torch"}  # imported on first use (numba, torch)
+
+
+def __getattr__(name: str):
+    """``solar.SolarLoader`` / ``solar.SolarDataset``, imported when first used."""
+    if name in _LAZY:
+        import importlib
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'solar' has no attribute {name!r}")

@@ -1,12 +1,17 @@
 """Where this process sits in the job: a plain object built from ints.
 
-Only :func:`detect` reads the environment (SLURM, then the MPI launcher's variables,
-then an mpi4py communicator if one is given).
+Only :func:`detect` reads the environment: an mpi4py communicator if one is given, else
+the innermost launcher's variables (torchrun, then Open MPI / PMI, then SLURM: ``srun
+torchrun`` and ``mpiexec`` inside ``sbatch`` leave the outer launcher's variables set
+too, naming the wrong rank).  :func:`launcher` puts an initialised ``torch.distributed``
+before that; :func:`launcher_rank` checks the result against a schedule's world size.
 """
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+import re
+import sys
+from dataclasses import dataclass, field
 from typing import Optional
 
 from .errors import SpecError
@@ -15,13 +20,18 @@ from .errors import SpecError
 @dataclass(frozen=True)
 class Topology:
     """``world_size`` ranks over ``nodes`` nodes; this process is ``rank``, ``local_rank`` of
-    ``local_size`` on its node."""
+    ``local_size`` on its node.  ``source`` names where the numbers came from (``""``: nothing
+    found, a single process); ``master_addr``/``master_port``: where rank 0 listens for
+    ``torch.distributed``'s rendezvous."""
 
     world_size: int
     rank: int
     local_rank: int = 0
     local_size: int = 1
     nodes: int = 1
+    source: str = field(default="", compare=False)
+    master_addr: str = field(default="localhost", compare=False)
+    master_port: int = field(default=29500, compare=False)
 
     def __post_init__(self):
         for k in ("world_size", "local_size", "nodes"):
@@ -37,12 +47,12 @@ class Topology:
         return f"cuda:{self.local_rank % gpus}" if cuda_available and gpus > 0 else "cpu"
 
 
-_ENV = (  # (world size, rank, local rank, local size, nodes) variable names per launcher
-    ("SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "SLURM_NNODES"),
-    ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
-     None),
-    ("PMI_SIZE", "PMI_RANK", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", None),
-    ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", None),
+_ENV = (  # (launcher, world size, rank, local rank, local size, nodes) variable names, innermost first
+    ("torchrun", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", None),
+    ("Open MPI", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
+     "OMPI_COMM_WORLD_LOCAL_SIZE", None),
+    ("MPI (PMI)", "PMI_SIZE", "PMI_RANK", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", None),
+    ("SLURM", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "SLURM_NNODES"),
 )
 
 
@@ -56,18 +66,60 @@ def _int(env, name: Optional[str], default: int) -> int:
         raise SpecError(f"environment variable {name}={env[name]!r} is not an integer") from None
 
 
+def first_host(nodelist: str) -> str:
+    """The first host of a SLURM node list: ``"gpu[07-09,12],cpu1"`` -> ``"gpu07"``."""
+    item = re.split(r",(?![^\[]*\])", nodelist.strip())[0]
+    return re.sub(r"\[([^\]]*)\]", lambda m: m.group(1).split(",")[0].split("-")[0], item)
+
+
+def _rendezvous(env) -> tuple:
+    """(address, port) of rank 0: ``MASTER_ADDR``/``MASTER_PORT`` when set, else the first host of
+    SLURM's node list (or localhost) and a port derived from the SLURM job id (or 29500)."""
+    nodes = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    addr = env.get("MASTER_ADDR") or (first_host(nodes) if nodes else "localhost")
+    port = 29500 if "SLURM_JOB_ID" not in env else 20000 + _int(env, "SLURM_JOB_ID", 0) % 20000
+    return addr, _int(env, "MASTER_PORT", port)
+
+
 def detect(comm=None, env=None) -> Topology:
-    """Topology of this process from SLURM / MPI launcher variables or ``comm``."""
+    """Topology of this process from ``comm`` or the launcher's variables (innermost launcher first)."""
     env = os.environ if env is None else env
+    addr, port = _rendezvous(env)
     if comm is not None:
         from mpi4py import MPI
         node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
         local_rank, local_size = node.Get_rank(), node.Get_size()
         nodes = comm.allreduce(1 if local_rank == 0 else 0)
         node.Free()
-        return Topology(comm.Get_size(), comm.Get_rank(), local_rank, local_size, nodes)
-    for size, rank, lrank, lsize, nodes in _ENV:
+        return Topology(comm.Get_size(), comm.Get_rank(), local_rank, local_size, nodes, "mpi4py", addr, port)
+    for name, size, rank, lrank, lsize, nodes in _ENV:
         if size in env and rank in env:
             return Topology(_int(env, size, 1), _int(env, rank, 0), _int(env, lrank, 0), _int(env, lsize, 1),
-                            _int(env, nodes, 1))
-    return Topology(1, 0)
+                            _int(env, nodes, 1), f"{name} ({rank}={env[rank]}, {size}={env[size]})", addr, port)
+    return Topology(1, 0, master_addr=addr, master_port=port)
+
+
+def launcher(env=None) -> Topology:
+    """This process's place in the job: ``torch.distributed``'s rank and world size when it is
+    initialised (torch is not imported for the check), else :func:`detect` from the environment."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return Topology(dist.get_world_size(), dist.get_rank(), source="torch.distributed")
+    return detect(env=env)
+
+
+def launcher_rank(world_size: int, env=None) -> int:
+    """The rank of this process in a job planned for ``world_size`` ranks, from :func:`launcher`.
+
+    Raises :class:`SpecError` when the launcher runs another number of ranks, or when none is
+    found and ``world_size`` > 1."""
+    t = launcher(env)
+    if not t.source:
+        if world_size == 1:
+            return 0
+        raise SpecError(f"the schedule is planned for {world_size} ranks but no launcher was found "
+                        "(torch.distributed, torchrun, MPI or SLURM variables): pass rank= or comm=")
+    if t.world_size != world_size:
+        raise SpecError(f"the launcher runs {t.world_size} ranks ({t.source}) but the schedule is planned "
+                        f"for world size {world_size}: plan with world_size={t.world_size} or pass rank=")
+    return t.rank

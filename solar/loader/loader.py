@@ -28,7 +28,8 @@ class SolarLoader:
     ``schedule``: path or :class:`Schedule`; ``data``: layout spec path or
     :class:`~solar.layout.Layout` (default: the path the schedule was planned
     from).  ``comm``: mpi4py communicator (its size must equal the schedule's
-    world size; its rank picks the slice) or None with ``rank=``.
+    world size; its rank picks the slice) or None with ``rank=``; neither: the rank of an
+    initialised ``torch.distributed``, else of the launcher (torchrun, MPI, SLURM variables).
     ``reader``: a name from :data:`solar.io.READERS` (default: chosen per
     layout and file system).  Each batch has ``weight`` = n_r * P / n_step: multiply
     the rank's mean loss by it and DDP's gradient average is the exact mean over
@@ -218,15 +219,17 @@ class SolarLoader:
 
 
 def _check_rank(rank, comm, world: int) -> int:
-    """This loader's rank: ``comm``'s, or ``rank`` (an int in [0, world)); both given must agree."""
+    """This loader's rank: ``comm``'s, or ``rank`` (an int in [0, world)), both given must agree; neither:
+    the launcher's (:func:`solar.topology.launcher_rank`)."""
     if rank is not None:
         if isinstance(rank, bool) or not isinstance(rank, numbers.Integral):
             raise SpecError(f"rank must be an integer, got {rank!r}")
         if not 0 <= rank < world:
             raise SpecError(f"rank {rank} out of range: the job has ranks 0..{world - 1}")
     if comm is None:
-        if rank is None:
-            raise SpecError("give comm= (an MPI communicator) or rank=")
+        if rank is None:  # from torch.distributed or the launcher's variables
+            from ..topology import launcher_rank
+            return launcher_rank(world)
         return int(rank)
     mine = comm.Get_rank()
     if rank is not None and int(rank) != mine:

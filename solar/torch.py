@@ -1,0 +1,251 @@
+"""PyTorch surface: :class:`SolarDataset` for ``torch.utils.data.DataLoader`` and
+:func:`init_distributed`.  Imports torch (``import solar`` does not; solar's other modules that
+use torch import it inside functions, bench's baseline aside).
+
+    ds = SolarDataset("plan.h5")                       # rank from torch.distributed / the launcher
+    dl = DataLoader(ds, batch_size=None, num_workers=2, pin_memory=True)
+    for epoch in range(ds.epoch, ds.epochs):
+        ds.set_epoch(epoch)
+        for batch in dl:            # {field: tensor (n, ...), "index", "weight", "step"}
+            ...
+
+DataLoader workers and the one buffer: the rank's buffer (its memory, prefetch thread and
+readers) lives in the process that built the dataset and nowhere else.  A worker process
+reads nothing: worker ``w`` of ``k`` yields a few bytes, a reference to global step ``g``
+for every ``g = start + w, start + w + k, ...`` of the pass; DataLoader sends them back in
+that round-robin order, i.e. plan order, and unpickling a reference in the main process
+(DataLoader's main or pin-memory thread) takes that step's assembled batch from the buffer,
+which fetches steps strictly in plan order (references that arrive early wait in a small
+stash: at most ``prefetch_factor * num_workers`` batches).  Each batch is assembled once and
+never crosses a process boundary.
+"""
+from __future__ import annotations
+
+import itertools
+import numbers
+import os
+import threading
+import weakref
+from datetime import timedelta
+from typing import Iterator, Optional
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import IterableDataset, get_worker_info
+
+from .errors import SolarError, SpecError
+from .loader import SolarLoader
+from .topology import Topology, detect, launcher
+
+__all__ = ["SolarDataset", "init_distributed"]
+
+_OPEN: "weakref.WeakValueDictionary[str, SolarDataset]" = weakref.WeakValueDictionary()  # token -> dataset
+_TOKENS = itertools.count()
+
+
+class SolarDataset(IterableDataset):
+    """One rank's planned batches as a ``torch.utils.data.IterableDataset``.
+
+    ``SolarDataset(schedule, data=None, **kw)`` builds a :class:`~solar.loader.SolarLoader`
+    with the same arguments (``rank``/``comm`` optional: see :func:`solar.topology.launcher`);
+    ``SolarDataset(loader)`` wraps an existing one.  Use it with
+    ``DataLoader(ds, batch_size=None, num_workers=k)`` for any ``k``: every batch exactly once,
+    in plan order, each a dict ``{field: tensor (n, ...), "index": int64 (n,), "weight": float,
+    "step": global step}``.  Iterating yields the rest of the current epoch.
+
+    Checkpoints: with ``num_workers=0`` :meth:`state_dict` is exact at any point.  With workers
+    DataLoader fetches up to ``prefetch_factor * num_workers`` batches ahead of the training
+    loop, so mid-epoch :meth:`state_dict` raises unless given the next step the loop has not
+    seen: ``ds.state_dict(step=batch["step"] + 1)``.  A pass abandoned mid-epoch with workers
+    continues after the batches already fetched; ``load_state_dict`` to go back.
+    ``persistent_workers=True`` is refused (a persistent worker cannot see the new epoch).  With
+    workers a custom ``collate_fn`` runs in the worker on step references, not on batches.
+    """
+
+    def __init__(self, schedule, data=None, **loader_kwargs):
+        if isinstance(schedule, SolarLoader):
+            if data is not None or loader_kwargs:
+                raise SpecError("SolarDataset(loader) takes no other arguments")
+            self.loader = schedule
+        else:
+            self.loader = SolarLoader(schedule, data, **loader_kwargs)
+        self._lock = threading.Lock()
+        self._gen: Optional[Iterator[dict]] = None  # the loader's iterator over the current epoch
+        self._stash: dict = {}                      # step -> batch fetched before its reference arrived
+        self._ahead = False                         # a worker pass fed this epoch since the last seek
+        self._span: Optional[tuple] = None          # (start, end) steps, in a spawned worker's copy
+        self._passes = 0                            # passes iterated by this (worker's) copy
+        self._token = f"{os.getpid()}:{next(_TOKENS)}"
+        _OPEN[self._token] = self
+
+    # ------------------------------------------------------------------ plan
+    def __len__(self) -> int:
+        """Steps per epoch."""
+        return self.loader.S
+
+    @property
+    def epoch(self) -> int:
+        return self.loader.epoch
+
+    @property
+    def epochs(self) -> int:
+        return self.loader.epochs
+
+    def set_epoch(self, epoch: int):
+        """:meth:`SolarLoader.set_epoch <solar.loader.SolarLoader.set_epoch>`: a no-op inside ``epoch``."""
+        with self._lock:
+            before = self.loader.cursor
+            self.loader.set_epoch(epoch)
+            if self.loader.cursor != before:
+                self._forget()
+
+    def state_dict(self, step: Optional[int] = None) -> dict:
+        """The loader's state; ``step``: the next global step the training loop has not seen
+        (``batch["step"] + 1``), needed mid-epoch when DataLoader workers fetch ahead."""
+        with self._lock:
+            state = self.loader.state_dict()
+            fetched = self.loader.cursor
+            if step is None:
+                if self._ahead and fetched % self.loader.S:
+                    raise SolarError(f"DataLoader workers have fetched up to step {fetched - 1}, ahead of the "
+                                     "training loop: call state_dict(step=batch['step'] + 1)")
+                return state
+            if isinstance(step, bool) or not isinstance(step, numbers.Integral) or not 0 <= step <= fetched:
+                raise SpecError(f"step must be an integer in [0, {fetched}] (steps fetched so far), got {step!r}")
+            state["step"] = int(step)
+            return state
+
+    def load_state_dict(self, state: dict):
+        """:meth:`SolarLoader.load_state_dict <solar.loader.SolarLoader.load_state_dict>`."""
+        with self._lock:
+            self.loader.load_state_dict(state)
+            self._forget()
+
+    def _forget(self):
+        """Drop the epoch iterator and early batches after the cursor moved."""
+        self._gen, self._ahead = None, False
+        self._stash.clear()
+
+    # ------------------------------------------------------------- iterate
+    def __iter__(self):
+        info = get_worker_info()
+        return self._local() if info is None else self._references(info.id, info.num_workers)
+
+    def _pass(self) -> tuple:
+        """(first, end) global steps of this pass: the rest of the cursor's epoch."""
+        if self._span is not None:
+            return self._span
+        g, steps = self.loader.cursor, self.loader.S
+        if g >= self.loader.schedule.n_steps:
+            raise SolarError(f"the schedule's {self.loader.epochs} epochs are used up; plan more epochs")
+        return g, (g // steps + 1) * steps
+
+    def _local(self):
+        """Iteration in this process (no DataLoader workers)."""
+        first, end = self._pass()
+        for g in range(first, end):
+            yield self._take(g)
+
+    def _references(self, worker: int, workers: int):
+        """In DataLoader worker ``worker`` of ``workers``: references to its share of the pass."""
+        if self._passes:
+            raise SpecError("SolarDataset does not support DataLoader(persistent_workers=True): a persistent "
+                            "worker keeps the epoch it started with; leave persistent_workers off")
+        self._passes += 1
+        first, end = self._pass()
+        for g in range(first + worker, end, workers):
+            yield _StepRef(self._token, g)
+
+    def _take(self, g: int, from_worker: bool = False) -> dict:
+        """Step ``g``'s batch: from the stash, or fetched in plan order through the loader."""
+        with self._lock:
+            self._ahead |= from_worker
+            batch = self._stash.pop(g, None)
+            if batch is None:
+                if g < self.loader.cursor:
+                    raise SolarError(f"step {g} was already handed out (the dataset is at step "
+                                     f"{self.loader.cursor}); a second DataLoader pass over the same steps?")
+                while self.loader.cursor <= g:
+                    b = self._next_batch()
+                    self._stash[self.loader.cursor - 1] = b
+                batch = self._stash.pop(g)
+        batch["step"] = g
+        return batch
+
+    def _next_batch(self) -> dict:
+        if self._gen is not None:
+            b = next(self._gen, None)
+            if b is not None:
+                return b
+        self._gen = iter(self.loader)  # next epoch (or the first call)
+        return next(self._gen)
+
+    # ------------------------------------------------------------- pickling
+    def __getstate__(self) -> dict:
+        """What a spawned DataLoader worker needs: the token and this pass's steps (no loader)."""
+        with self._lock:
+            return {"_token": self._token, "_span": self._pass(), "_passes": 0}
+
+    def __setstate__(self, state: dict):
+        self.__dict__.update(state)
+        self.loader = None
+
+    # -------------------------------------------------------------- close
+    def stats(self) -> dict:
+        return self.loader.stats()
+
+    def close(self):
+        """Close the loader (buffer, readers, schedule)."""
+        _OPEN.pop(self._token, None)
+        self.loader.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        _OPEN.pop(self._token, None)
+        return self.loader.__exit__(exc_type, exc, tb)
+
+
+class _StepRef:
+    """What a DataLoader worker yields: global step ``step`` of dataset ``token``; unpickled in the
+    main process it becomes that step's batch (or DataLoader's wrapper of the error, re-raised there)."""
+
+    __slots__ = ("token", "step")
+
+    def __init__(self, token: str, step: int):
+        self.token, self.step = token, step
+
+    def __reduce__(self):
+        return _resolve, (self.token, self.step)
+
+
+def _resolve(token: str, step: int):
+    from torch._utils import ExceptionWrapper
+    try:
+        ds = _OPEN.get(token)
+        if ds is None:
+            raise SolarError(f"a DataLoader worker sent step {step} of a SolarDataset that is closed "
+                             "or belongs to another process")
+        return ds._take(step, from_worker=True)
+    except Exception:  # noqa: BLE001 - DataLoader re-raises it in the training loop
+        return ExceptionWrapper(where=f"in SolarDataset, step {step} (main process)")
+
+
+def init_distributed(backend: Optional[str] = None, timeout_s: float = 1800.0) -> Topology:
+    """Initialise ``torch.distributed`` from the launcher's variables (torchrun, MPI, SLURM;
+    :func:`solar.topology.detect`): rank 0 listens at ``MASTER_ADDR:MASTER_PORT`` when set, else
+    at the first host of SLURM's node list (or localhost).  ``backend``: default ``nccl`` with
+    CUDA (each rank then uses GPU ``local_rank``), else ``gloo``.  Returns the topology; a no-op
+    (returning it) when ``torch.distributed`` is already initialised."""
+    if dist.is_initialized():
+        return launcher()
+    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    if not isinstance(backend, str) or not dist.is_backend_available(backend):
+        raise SpecError(f"torch.distributed backend {backend!r} is not available in this torch build")
+    t = detect()
+    if backend == "nccl":
+        torch.cuda.set_device(t.local_rank % torch.cuda.device_count())
+    dist.init_process_group(backend, init_method=f"tcp://{t.master_addr}:{t.master_port}", rank=t.rank,
+                            world_size=t.world_size, timeout=timedelta(seconds=timeout_s))
+    return t
