@@ -4,9 +4,9 @@
 memory is a set of preallocated slot pools (:mod:`solar.buffer.pool`) sized by
 replaying the plan (:mod:`solar.buffer.sizing`).
 """
-from .manager import BufferError, BufferManager, BufferTotals, StepStats
+from .manager import BufferError, BufferManager, BufferTotals, StepBlocks, StepStats
 from .pool import SlotPools
 from .sizing import size_classes, slots_needed
 
-__all__ = ["BufferManager", "BufferError", "BufferTotals", "StepStats", "SlotPools", "size_classes",
+__all__ = ["BufferManager", "BufferError", "BufferTotals", "StepBlocks", "StepStats", "SlotPools", "size_classes",
            "slots_needed"]

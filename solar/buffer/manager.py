@@ -8,6 +8,9 @@ the step's blocks are resident::
 
     assemble(step, samples, lookup) -> anything      # lookup(block id) -> uint8 view
 
+``lookup`` is a :class:`StepBlocks`: it also gives the step's blocks and their slots as
+arrays, for assembly in one call per field (:mod:`solar.buffer.gather`).
+
 Memory: the slot pools (sized by replaying the plan: at most the budget when all
 blocks have one size) plus ``prefetch`` assembled batches waiting in the queue.
 """
@@ -187,7 +190,7 @@ class BufferManager:
         io = ThreadPoolExecutor(self.io_depth, thread_name_prefix=f"solar-io-r{self.plan.rank}")
         inflight = deque()
         self._assembled = self.start - 1
-        self._held: Dict[int, list] = {}
+        self._held: Dict[int, tuple] = {}  # step -> (classes, slots) evicted there, freed later
         try:
             if self.start > 0:
                 self._warm_up()
@@ -227,84 +230,125 @@ class BufferManager:
         self.reader.read_blocks(blocks, self._alloc(blocks))
 
     def _alloc(self, blocks: np.ndarray) -> list:
-        views = []
-        for b in blocks.tolist():
-            c = int(self.class_of[b])
-            i = self.pools.alloc(c)
-            self.slot_of[b] = i
-            views.append(self.pools.view(c, i)[:self.block_nbytes[b]])
-        return views
+        """Slots for ``blocks`` (distinct, not resident; all or nothing: MemoryError leaves
+        nothing allocated); returns their uint8 views, ``block_nbytes`` long, for the reader."""
+        cls = self.class_of[blocks]
+        slots = self.pools.alloc_many(cls)
+        self.slot_of[blocks] = slots
+        arrays, nb, cb = self.pools.arrays, self.block_nbytes[blocks].tolist(), self.pools.class_bytes
+        return [arrays[c][i] if n == cb[c] else arrays[c][i][:n]
+                for c, i, n in zip(cls.tolist(), slots.tolist(), nb)]
+
+    def _step_blocks(self, samples: np.ndarray) -> np.ndarray:
+        """int64[m] ascending: the distinct blocks of ``samples`` (CSR rows gathered in numpy)."""
+        lo, hi = self.sample_ptr[samples], self.sample_ptr[samples + 1]
+        counts = hi - lo
+        total = int(counts.sum())
+        if total == 0:
+            return np.zeros(0, np.int64)
+        run_start = np.cumsum(counts) - counts  # (n,) where each sample's run begins in the output
+        pos = np.arange(total, dtype=np.int64) + np.repeat(lo - run_start, counts)
+        return np.unique(self.sample_blocks[pos])
 
     def _book(self, g: int, io, inflight):
         sp = self.plan.step(g)
         st = StepStats(g, samples=int(sp.samples.shape[0]))
-        freed = []
-        for b in np.asarray(sp.evict, np.int64).tolist():
-            i = int(self.slot_of[b])
-            if i < 0:
-                raise BufferError(f"step {g}: the plan evicts block {b}, which is not resident (damaged plan?)")
-            freed.append((int(self.class_of[b]), i))
-            self.slot_of[b] = -1
+        ev = np.asarray(sp.evict, np.int64)
+        ev_slot = self.slot_of[ev]
+        if (ev_slot < 0).any():
+            b = int(ev[ev_slot < 0][0])
+            raise BufferError(f"step {g}: the plan evicts block {b}, which is not resident (damaged plan?)")
+        _check_distinct(g, ev, "evicts")
+        freed = (self.class_of[ev].astype(np.int64), ev_slot)
+        self.slot_of[ev] = -1
         if self._assembled >= g - 1:
-            for c, i in freed:
-                self.pools.free(c, i)
+            self.pools.free_many(*freed)
         else:
             self._held[g] = freed
         load = np.asarray(sp.load, dtype=np.int64)
         if (self.slot_of[load] >= 0).any():
             b = int(load[self.slot_of[load] >= 0][0])
             raise BufferError(f"step {g}: the plan loads block {b}, which is already resident (damaged plan?)")
+        _check_distinct(g, load, "loads")
         while True:  # slots are sized for io_depth steps in flight; finishing one always frees enough
             try:
                 views = self._alloc(load)
                 break
             except MemoryError:
-                for b in load.tolist():  # undo a partial allocation
-                    if self.slot_of[b] >= 0:
-                        self.pools.free(int(self.class_of[b]), int(self.slot_of[b]))
-                        self.slot_of[b] = -1
                 if not inflight:
                     raise
                 self._finish(inflight.popleft())
         st.misses, st.bytes_loaded = int(load.shape[0]), int(self.block_nbytes[load].sum())
         samples = np.asarray(sp.samples, dtype=np.int64)
         # where each block of this step lives now (a later step may move it; the old slot stays held)
-        need = (np.unique(np.concatenate([self.sample_blocks[self.sample_ptr[s]:self.sample_ptr[s + 1]]
-                                          for s in samples.tolist()])) if samples.size else load)
-        snap = {}
-        missing = need[self.slot_of[need] < 0]
+        need = self._step_blocks(samples) if samples.size else np.unique(load)
+        slot = self.slot_of[need]
+        missing = need[slot < 0]
         st.hits = int(need.shape[0] - load.shape[0] - missing.shape[0])
         st.hit_bytes = int(self.block_nbytes[need].sum() - st.bytes_loaded - self.block_nbytes[missing].sum())
-        for b in need[self.slot_of[need] >= 0].tolist():
-            c = int(self.class_of[b])
-            snap[b] = self.pools.view(c, int(self.slot_of[b]))[:self.block_nbytes[b]]
+        extra = {}
         if missing.size:  # the plan called these hits: count it, read them so nothing wrong is delivered
             st.plan_violations = int(missing.shape[0])
             bufs = [np.empty(int(self.block_nbytes[b]), np.uint8) for b in missing.tolist()]
             self.reader.read_blocks(missing, bufs)
-            snap.update(zip(missing.tolist(), bufs))
+            extra = dict(zip(missing.tolist(), bufs))
+        blocks = StepBlocks(g, need, self.class_of[need].astype(np.int64), slot, self.pools, self.block_nbytes, extra)
         t0 = time.perf_counter()
         fut = io.submit(self.reader.read_blocks, load, views)
-        return g, fut, samples, snap, st, t0
+        return g, fut, samples, blocks, st, t0
 
     def _finish(self, item):
-        g, fut, samples, snap, st, t0 = item
+        g, fut, samples, blocks, st, t0 = item
         rs = fut.result()
         st.read_s = time.perf_counter() - t0
         st.bytes_read, st.n_reads = rs.bytes_read, rs.n_reads
-
-        def lookup(b: int) -> np.ndarray:
-            try:
-                return snap[b]
-            except KeyError:
-                raise BufferError(f"step {g}: block {b} is not among the step's blocks") from None
-
         t1 = time.perf_counter()
-        out = self.assemble(g, samples, lookup)
+        out = self.assemble(g, samples, blocks)
         st.assemble_s = time.perf_counter() - t1
         self._assembled = g
-        for c, i in self._held.pop(g + 1, []):
-            self.pools.free(c, i)
+        held = self._held.pop(g + 1, None)
+        if held is not None:
+            self.pools.free_many(*held)
         with self._cv:
             self._ready[g], self._stats[g] = out, st
             self._cv.notify_all()
+
+
+def _check_distinct(g: int, blocks: np.ndarray, verb: str) -> None:
+    """BufferError when a step's plan names a block twice in one list (a damaged plan)."""
+    if blocks.shape[0] > 1:
+        srt = np.sort(blocks)
+        dup = np.flatnonzero(srt[1:] == srt[:-1])
+        if dup.size:
+            raise BufferError(f"step {g}: the plan {verb} block {int(srt[dup[0]])} twice (damaged plan?)")
+
+
+class StepBlocks:
+    """The blocks a step's samples need and where each lives, fixed when the step was booked.
+
+    ``blocks`` int64[m] ascending; ``block_class``/``block_slot`` int64[m]: the slot in
+    ``pools`` (slot -1: not in the pools, held in ``extra`` instead: blocks the plan
+    wrongly called hits, read on the spot).  Called with a block id it returns that
+    block's decoded bytes (uint8 view, ``block_nbytes`` long), as the ``lookup`` of
+    :class:`BufferManager`'s ``assemble`` callable.
+    """
+
+    __slots__ = ("step", "blocks", "block_class", "block_slot", "pools", "block_nbytes", "extra")
+
+    def __init__(self, step, blocks, block_class, block_slot, pools, block_nbytes, extra):
+        self.step, self.blocks, self.block_class, self.block_slot = step, blocks, block_class, block_slot
+        self.pools, self.block_nbytes, self.extra = pools, block_nbytes, extra
+
+    @property
+    def in_pools(self) -> bool:
+        """Every block lives in a pool slot (none read outside the plan)."""
+        return not self.extra
+
+    def __call__(self, b: int) -> np.ndarray:
+        j = int(np.searchsorted(self.blocks, b))
+        if j < self.blocks.shape[0] and self.blocks[j] == b:
+            if self.block_slot[j] >= 0:
+                arr = self.pools.arrays[int(self.block_class[j])][int(self.block_slot[j])]
+                return arr[:int(self.block_nbytes[b])]
+            return self.extra[int(b)]
+        raise BufferError(f"step {self.step}: block {b} is not among the step's blocks")

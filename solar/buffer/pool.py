@@ -7,8 +7,10 @@ import numpy as np
 class SlotPools:
     """``slots[c]`` fixed-size slots of ``class_bytes[c]`` bytes each, allocated once.
 
-    ``view(c, i)`` is a writable uint8 view of slot i of class c; ``alloc``/``free``
-    are O(1) (a free-list stack per class).  Pages are touched only when first
+    ``view(c, i)`` is a writable uint8 view of slot i of class c.  Each class keeps
+    its free slots as a stack in an int64 array (``top[c]`` of them free, lowest
+    index on top), so :meth:`alloc_many`/:meth:`free_many` take a whole step's
+    blocks in a few numpy calls per class.  Pages are touched only when first
     written, so resident memory grows to what the plan really holds at once.
     """
 
@@ -16,23 +18,61 @@ class SlotPools:
         self.class_bytes = np.asarray(class_bytes, dtype=np.int64)
         self.slots = np.asarray(slots, dtype=np.int64)
         self.arrays = [np.empty((int(n), int(sz)), dtype=np.uint8) for sz, n in zip(self.class_bytes, self.slots)]
-        self.free_list = [list(range(int(n) - 1, -1, -1)) for n in self.slots]
+        # stack[c][:top[c]] are the free slots of class c, the next to hand out last
+        self.stack = [np.arange(int(n) - 1, -1, -1, dtype=np.int64) for n in self.slots]
+        self.top = [int(n) for n in self.slots]
 
     @property
     def capacity_bytes(self) -> int:
         return int((self.class_bytes * self.slots).sum())
 
     def alloc(self, c: int) -> int:
-        fl = self.free_list[c]
-        if not fl:
-            raise MemoryError(f"no free slot of {int(self.class_bytes[c])} bytes ({int(self.slots[c])} in the pool)")
-        return fl.pop()
+        return int(self.alloc_many(np.array([c], np.int64))[0])
 
     def free(self, c: int, i: int) -> None:
-        self.free_list[c].append(i)
+        self.free_many(np.array([c], np.int64), np.array([i], np.int64))
+
+    def alloc_many(self, classes: np.ndarray) -> np.ndarray:
+        """int64[k]: one free slot for each entry of ``classes`` (int[k]); all or nothing.
+
+        Raises MemoryError (nothing allocated) when a class has too few free slots.
+        """
+        classes = np.asarray(classes, dtype=np.int64)
+        out = np.empty(classes.shape[0], dtype=np.int64)
+        groups = self._groups(classes)
+        for c, pos in groups:
+            if pos.shape[0] > self.top[c]:
+                raise MemoryError(f"no free slot of {int(self.class_bytes[c])} bytes "
+                                  f"({int(self.slots[c])} in the pool, {pos.shape[0]} asked, {self.top[c]} free)")
+        for c, pos in groups:
+            t = self.top[c]
+            out[pos] = self.stack[c][t - pos.shape[0]:t][::-1]
+            self.top[c] = t - pos.shape[0]
+        return out
+
+    def free_many(self, classes: np.ndarray, slots: np.ndarray) -> None:
+        """Return slots ``slots[i]`` of class ``classes[i]`` (int[k] each) to their pools."""
+        slots = np.asarray(slots, dtype=np.int64)
+        for c, pos in self._groups(np.asarray(classes, dtype=np.int64)):
+            t = self.top[c]
+            if t + pos.shape[0] > self.slots[c]:
+                raise ValueError(f"freeing {pos.shape[0]} slots of class {c}: more than were in use")
+            self.stack[c][t:t + pos.shape[0]] = slots[pos]
+            self.top[c] = t + pos.shape[0]
+
+    def _groups(self, classes: np.ndarray) -> list:
+        """``[(class, positions int64[...]), ...]`` of the classes present, in class order."""
+        if classes.shape[0] == 0:
+            return []
+        first = int(classes[0])
+        if (classes == first).all():  # the common case: one size class
+            return [(first, np.arange(classes.shape[0]))]
+        order = np.argsort(classes, kind="stable")
+        cuts = np.flatnonzero(np.diff(classes[order])) + 1
+        return [(int(classes[p[0]]), p) for p in np.split(order, cuts)]
 
     def view(self, c: int, i: int) -> np.ndarray:
         return self.arrays[c][i]
 
     def in_use(self) -> int:
-        return int(sum((n - len(fl)) * int(sz) for n, fl, sz in zip(self.slots, self.free_list, self.class_bytes)))
+        return int(sum((int(n) - t) * int(sz) for n, t, sz in zip(self.slots, self.top, self.class_bytes)))

@@ -18,6 +18,7 @@ import numpy as np
 
 from ..errors import DecodeError
 from .coalesce import CoalescePolicy, Ranges
+from .filters import decode_chunk
 from .raw import decode_block
 
 
@@ -79,9 +80,24 @@ def chunk_where(layout, block: int) -> str:
 
 
 def deliver(layout, block: int, raw, out: np.ndarray) -> None:
-    """Decode a block's stored bytes ``raw`` (buffer of ``block_stored`` bytes) into ``out`` (uint8)."""
-    arr = decode_block(layout, int(block), raw)
-    out[:] = arr.reshape(-1).view(np.uint8)
+    """Decode a block's stored bytes ``raw`` (buffer of ``block_stored`` bytes) into ``out`` (uint8).
+
+    Filtered chunks are decoded straight into ``out`` (the last filter stage writes there:
+    no intermediate array, no second copy); the result equals :func:`decode_block`'s bytes.
+    """
+    block = int(block)
+    d = int(layout.block_dataset[block])
+    info = layout.datasets[d]
+    if info.chunks is None or not info.filters:
+        out[:] = decode_block(layout, block, raw).reshape(-1).view(np.uint8)
+        return
+    try:
+        decode_chunk(raw, info.filters, int(layout.block_mask[block]), int(layout.block_nbytes[block]),
+                     np.dtype(info.dtype).itemsize, out=out)
+    except ValueError as exc:
+        _, origin = layout.block_grid_coords(block)
+        raise DecodeError(f"cannot decode chunk at {origin} of {layout.files[info.file]}:/{info.name.lstrip('/')}: "
+                          f"{exc}") from None
 
 
 def fill_unwritten(layout, block: int, out: np.ndarray) -> None:

@@ -4,48 +4,79 @@ One ``O_RDONLY`` descriptor per file, opened on first use and shared by the
 threads (``preadv`` carries its own offset).  Each coalesced range is one
 scatter ``preadv``: the bytes of blocks that need no decoding go straight into
 the caller's arrays; compressed blocks and gaps go to a per-thread scratch
-buffer, and compressed blocks are decoded from there in the same worker thread
-(zlib and the numba LZF decoder release the GIL).  Ranges are spread over the
-threads in groups of similar byte counts.
+buffer, and compressed blocks are decoded from there straight into the caller's
+array in the same worker thread (zlib and the numba LZF decoder release the GIL).
+
+A call's reads are a few arrays (:class:`_ReadPlan`), not an object per range; up to
+``threads`` pool workers take the next range from a shared counter until none is left,
+so a call costs at most ``threads`` hand-offs however many ranges it reads, and a slow
+read delays only its own worker.  The pool's ``threads`` are the I/O depth and bound the
+scratch memory (one buffer of at most ``max_read`` bytes per thread).
+
+Page cache (``drop_cache``, default on): once a call's bytes are in the caller's
+arrays, ``posix_fadvise(POSIX_FADV_DONTNEED)`` asks the kernel to drop the file's
+pages around each range read (rounded out to ``DROP_ALIGN``: the kernel drops only
+page-cache folios wholly inside the advised range, and folios reach 2 MiB; with 4 KiB
+rounding ~20% of a file stayed cached after 3 epochs), so a block held in the buffer
+is not kept a second time by the page cache.  Cached neighbours go too.  The calls are
+made in one GIL-free loop (:func:`~solar.io.kernels.fadvise_ranges`), merged per file.  With
+``readahead=False`` (default) each file is opened with ``POSIX_FADV_RANDOM``: the
+kernel does not read ahead of the (random, planned) block reads.
 """
 from __future__ import annotations
 
 import errno
+import itertools
 import os
 import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 import numpy as np
 
-from ..errors import DecodeError
+from ..errors import DecodeError, SpecError
 from .block_plan import (
+    chunk_where,
     deliver,
     direct_mask,
     fill_unwritten,
     plan_reads,
-    chunk_where,
     short_read_error,
 )
 from .coalesce import CoalescePolicy
+from .kernels import fadvise_ranges
 from .reader import BlockReader, ReadStats, register
 
 try:
     IOV_MAX = int(os.sysconf("SC_IOV_MAX"))
 except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
     IOV_MAX = 1024
+# drop_cache rounds each range out to this alignment: the page cache holds large folios (up to
+# 2 MiB, x86-64), and the kernel drops only folios wholly inside the advised range
+DROP_ALIGN = 2 << 20
 
 
-class _Range:
-    """One coalesced read: file bytes ``[start, start+length)`` and the blocks inside."""
+class _ReadPlan(NamedTuple):
+    """A call's coalesced reads as arrays (R ranges over all files, m blocks sorted by range, offset).
 
-    __slots__ = ("blocks", "direct", "file", "length", "outs", "rel", "start")
+    ``fd``/``start``/``length`` int64[R]: the file and bytes of range r; its blocks are
+    ``ptr[r]:ptr[r+1]`` (int64[R+1]) of ``pos`` (int64[m], positions into the request),
+    ``rel`` (int64[m], offset inside the range), ``stored`` (int64[m]) and ``direct``
+    (bool[m], stored bytes = decoded bytes); ``whole`` (bool[R]): the range is exactly one
+    direct block (read straight into the caller's array, nothing else to do).
+    """
 
-    def __init__(self, file, start, length, blocks, rel, outs, direct):
-        self.file, self.start, self.length = file, start, length
-        self.blocks, self.rel, self.outs, self.direct = blocks, rel, outs, direct
+    fd: np.ndarray
+    start: np.ndarray
+    length: np.ndarray
+    ptr: np.ndarray
+    pos: np.ndarray
+    rel: np.ndarray
+    stored: np.ndarray
+    direct: np.ndarray
+    whole: np.ndarray
 
 
 # a read that fails with one of these, or returns no bytes before the end of the request, is tried
@@ -93,7 +124,9 @@ def preadv_full(fd: int, buffers: list, offset: int, *, retries: int = READ_RETR
 
 @register
 class PreadReader(BlockReader):
-    """``os.preadv`` in a thread pool; options ``coalesce``, ``max_gap``, ``max_read`` (bytes).
+    """``os.preadv`` in a thread pool; options ``coalesce``, ``max_gap``, ``max_read`` (bytes),
+    ``drop_cache`` (drop what was read from the page cache) and ``readahead`` (keep the
+    kernel's read-ahead; default off: ``POSIX_FADV_RANDOM``), see the module notes.
 
     ``threads=1`` reads in the calling thread (no pool).  Safe to use after a
     fork: the child opens its own descriptors and pool on first use.
@@ -104,7 +137,7 @@ class PreadReader(BlockReader):
     collective = False
     needs_raw = True
     OPTIONS: ClassVar[dict] = {"coalesce": True, "max_gap": CoalescePolicy.max_gap,
-                               "max_read": CoalescePolicy.max_read}
+                               "max_read": CoalescePolicy.max_read, "drop_cache": True, "readahead": False}
 
     @classmethod
     def available(cls):
@@ -116,6 +149,11 @@ class PreadReader(BlockReader):
         super().__init__(layout, comm=comm, threads=threads, **options)
         o = self.options
         self.policy = CoalescePolicy(o["max_gap"], o["max_read"], o["coalesce"])
+        for name in ("drop_cache", "readahead"):
+            if not isinstance(o[name], bool):
+                raise SpecError(f"reader 'pread' option {name} must be True or False, got {o[name]!r}")
+        self.drop_cache = o["drop_cache"] and hasattr(os, "posix_fadvise")
+        self.readahead = o["readahead"] or not hasattr(os, "posix_fadvise")
         self._fds = {}
         self._pool = None
         self._pid = os.getpid()
@@ -137,6 +175,8 @@ class PreadReader(BlockReader):
                 fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
             except OSError as exc:
                 raise DecodeError(f"cannot open {path}: {exc.strerror}") from None
+            if not self.readahead:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
             self._fds[file] = fd
         return fd
 
@@ -163,73 +203,101 @@ class PreadReader(BlockReader):
         unwritten, plans = plan_reads(lay, blocks, self.policy)
         for i in unwritten.tolist():
             fill_unwritten(lay, int(blocks[i]), out[i])
-        direct = direct_mask(lay, blocks)
-        ranges: list[_Range] = []
-        for fp in plans:
-            self._fd(fp.file)
-            rng = fp.ranges
-            for r, mem in enumerate(fp.members()):
-                p = fp.pos[mem]
-                ranges.append(_Range(fp.file, int(rng.starts[r]), int(rng.lengths[r]), blocks[p],
-                                     rng.offset_in_range[mem], [out[i] for i in p.tolist()], direct[p]))
-        stats = ReadStats(bytes_read=sum(r.length for r in ranges))
-        if not ranges:
+        plan = self._plan(blocks, plans)
+        R = plan.start.shape[0]
+        stats = ReadStats(bytes_read=int(plan.length.sum()))
+        if R == 0:
             return stats
-        if self.threads == 1 or len(ranges) == 1:
-            stats.n_reads = self._run_group(ranges)
-            return stats
-        groups = _balanced_groups([r.length for r in ranges], 4 * self.threads)
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="solar-pread")
-        futs = [self._pool.submit(self._run_group, [ranges[i] for i in g]) for g in groups]
-        wait(futs)  # every worker has finished writing into `out` before we return or raise
-        for f in futs:
-            if f.exception() is not None:
-                raise f.exception()
-        stats.n_reads = sum(f.result() for f in futs)
+        counter, failed = itertools.count(), []
+        if self.threads == 1 or R == 1:
+            self._work(plan, blocks, out, counter, failed)
+        else:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="solar-pread")
+            futs = [self._pool.submit(self._work, plan, blocks, out, counter, failed)
+                    for _ in range(min(self.threads, R))]
+            wait(futs)  # every worker has finished writing into `out` before we return or raise
+        if failed:
+            raise failed[0]
+        if self.drop_cache:  # the bytes are in the caller's arrays: the page cache need not keep them
+            fadvise_ranges(plan.fd, plan.start, plan.length, os.POSIX_FADV_DONTNEED, DROP_ALIGN)
+        stats.n_reads = R
         return stats
 
-    def _run_group(self, ranges: list[_Range]) -> int:
-        return sum(self._read_range(r) for r in ranges)
-
-    def _read_range(self, r: _Range) -> int:
-        """One scatter preadv for a range, then decode its compressed blocks; returns 1 (one range read)."""
+    def _plan(self, blocks: np.ndarray, plans) -> _ReadPlan:
+        """The per-file coalesced reads of ``plan_reads`` as one :class:`_ReadPlan`."""
         lay = self.layout
-        stored = lay.block_stored[r.blocks]
-        rel_end = r.rel + stored
-        overlap = bool(np.any(r.rel[1:] < rel_end[:-1])) if len(r.blocks) > 1 else False
-        needs_scratch = overlap or not bool(r.direct.all()) or int(stored.sum()) != r.length
-        scratch = self._scratch(r.length) if needs_scratch else None
+        fd, start, length, counts, pos, rel = [], [], [], [], [], []
+        for fp in plans:
+            rng = fp.ranges
+            order = np.lexsort((rng.offset_in_range, rng.range_of))
+            fd.append(np.full(rng.n_ranges, self._fd(fp.file), np.int64))
+            start.append(rng.starts)
+            length.append(rng.lengths)
+            counts.append(np.bincount(rng.range_of, minlength=rng.n_ranges))
+            pos.append(fp.pos[order])
+            rel.append(rng.offset_in_range[order])
+        if not plans:
+            z = np.zeros(0, np.int64)
+            return _ReadPlan(z, z, z, np.zeros(1, np.int64), z, z, z, z.astype(bool), z.astype(bool))
+        pos = np.concatenate(pos)
+        b = blocks[pos]
+        stored = lay.block_stored[b]
+        direct = direct_mask(lay, b)
+        ptr = np.concatenate([[0], np.cumsum(np.concatenate(counts))])
+        length = np.concatenate(length)
+        first = ptr[:-1]  # every range has at least one block
+        whole = (np.diff(ptr) == 1) & direct[first] & (stored[first] == length)
+        return _ReadPlan(np.concatenate(fd), np.concatenate(start), length, ptr, pos, np.concatenate(rel), stored,
+                         direct, whole)
+
+    def _work(self, plan: _ReadPlan, blocks, out, counter, failed: list) -> None:
+        """Read ranges ``next(counter)`` until none is left or a worker has failed (``failed``)."""
+        R = plan.start.shape[0]
+        try:
+            while not failed:
+                r = next(counter)  # atomic under the GIL: every range is read by exactly one worker
+                if r >= R:
+                    return
+                self._read_range(plan, r, blocks, out)
+        except BaseException as exc:  # noqa: BLE001 - raised by _read once every worker has stopped
+            failed.append(exc)
+
+    def _read_range(self, plan: _ReadPlan, r: int, blocks, out) -> None:
+        """One scatter preadv for range ``r``, then decode its compressed blocks into ``out``."""
+        lay = self.layout
+        fd, start, length = int(plan.fd[r]), int(plan.start[r]), int(plan.length[r])
+        a, b = int(plan.ptr[r]), int(plan.ptr[r + 1])
+        if plan.whole[r]:
+            self._preadv(fd, [out[int(plan.pos[a])]], start, length, blocks[plan.pos[a:b]], plan.rel[a:b])
+            return
+        pos, rel, stored, direct = plan.pos[a:b], plan.rel[a:b], plan.stored[a:b], plan.direct[a:b]
+        rel_end = rel + stored
+        overlap = bool(np.any(rel[1:] < rel_end[:-1])) if b - a > 1 else False
+        needs_scratch = overlap or not bool(direct.all()) or int(stored.sum()) != length
+        scratch = self._scratch(length) if needs_scratch else None
         if overlap:  # duplicate or overlapping chunks: read once, copy each out
             iov = [scratch]
         else:
             iov, cur = [], 0
-            for k in range(len(r.blocks)):
-                a, b = int(r.rel[k]), int(rel_end[k])
-                if a > cur:
-                    iov.append(scratch[cur:a])
-                iov.append(r.outs[k] if r.direct[k] else scratch[a:b])
-                cur = b
+            for k, (lo, hi) in enumerate(zip(rel.tolist(), rel_end.tolist())):
+                if lo > cur:
+                    iov.append(scratch[cur:lo])
+                iov.append(out[int(pos[k])] if direct[k] else scratch[lo:hi])
+                cur = hi
+        self._preadv(fd, iov, start, length, blocks[pos], rel)
+        for k in np.flatnonzero(~direct | overlap).tolist():
+            lo = int(rel[k])
+            deliver(lay, int(blocks[pos[k]]), scratch[lo:lo + int(stored[k])], out[int(pos[k])])
+
+    def _preadv(self, fd: int, iov: list, start: int, length: int, blocks: np.ndarray, rel: np.ndarray) -> None:
+        """``preadv_full`` with the reader's errors: DecodeError naming the chunk and bytes."""
+        lay = self.layout
         try:
-            got, _ = preadv_full(self._fds[r.file], iov, r.start)
+            got, _ = preadv_full(fd, iov, start)
         except OSError as exc:
             tries = READ_RETRIES + 1 if exc.errno in TRANSIENT_ERRNOS else 1
-            raise DecodeError(f"reading {chunk_where(lay, int(r.blocks[0]))}: bytes [{r.start}, {r.start + r.length})"
+            raise DecodeError(f"reading {chunk_where(lay, int(blocks[0]))}: bytes [{start}, {start + length})"
                               f" failed ({tries} tries): {exc.strerror or exc}") from None
-        if got < r.length:
-            raise short_read_error(lay, r.blocks, r.start + r.rel, r.start + got)
-        for k in range(len(r.blocks)):
-            if overlap or not r.direct[k]:
-                a, b = int(r.rel[k]), int(rel_end[k])
-                deliver(lay, int(r.blocks[k]), scratch[a:b], r.outs[k])
-        return 1
-
-
-def _balanced_groups(lengths: list[int], n_groups: int) -> list[np.ndarray]:
-    """Split item indices (in order) into at most ``n_groups`` runs of similar byte totals."""
-    ln = np.asarray(lengths, dtype=np.float64)
-    n_groups = max(1, min(n_groups, ln.shape[0]))
-    before = np.cumsum(ln) - ln  # (n,) bytes before each item
-    gid = np.minimum((before * n_groups / max(ln.sum(), 1.0)).astype(np.int64), n_groups - 1)
-    cuts = np.flatnonzero(np.diff(gid)) + 1
-    return np.split(np.arange(ln.shape[0]), cuts)
+        if got < length:
+            raise short_read_error(lay, blocks, start + rel, start + got)

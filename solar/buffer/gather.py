@@ -1,0 +1,272 @@
+"""Batch assembly in one GIL-free numba call per field: copy each (sample, block) piece of a
+step straight from the buffer's slot pool into the batch array.
+
+For a step's samples, a piece is the part of one resident block that one sample's field
+selects: a box of ``m <= MAX_DIMS`` axes, copied as runs of contiguous bytes (a row
+layout's piece is one run of the whole sample field; a multi-sample chunk gives one
+strided run of its rows; a window gives its frames).  The geometry comes from small
+per-layout tables (:class:`GatherTables`); per step, the kernel walks the samples' CSR
+block lists, finds each block's slot by binary search in the step's resident table and
+copies.  It equals :func:`solar.io.raw.place_block` applied per sample and block, bit
+for bit (``tests/test_gather.py``).
+
+What it does not serve (the caller keeps the per-block path): layouts whose samples
+differ in shape (``whole`` over uneven files), datasets with more than ``MAX_DIMS`` axes.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from ..layout.blocks import chunk_grid
+
+MAX_DIMS = 8
+ROLE_FULL, ROLE_INDEX, ROLE_TIME = 0, 1, 2
+
+
+class GatherTables:
+    """The layout's geometry as arrays (D datasets, S sources, K fields, A = MAX_DIMS axes).
+
+    ===============  ==============  ==========================================
+    ``ds_shape``     int64[D, A]     dataset shape (padded with 1)
+    ``blk_shape``    int64[D, A]     block (chunk) shape
+    ``grid_div``     int64[D, A]     block linear id // grid_div % grid = grid coordinate
+    ``grid``         int64[D, A]     blocks along each axis
+    ``blk_stride``   int64[D, A]     byte stride of each axis inside a decoded block
+    ``ds_ndim``      int64[D]
+    ``itemsize``     int64[D]
+    ``src_ds``       int64[S, K]     dataset of field k in source s
+    ``roles``        int64[S, K, A]  ROLE_FULL / ROLE_INDEX (s, b) / ROLE_TIME (t)
+    ``src_kind``     int64[S]        0 rows, 1 windows, 2 whole
+    ``src_wpt``      int64[S]        windows per trajectory (windows sources)
+    ``src_window``   int64[S]        frames per window
+    ``src_dt``       int64[S]        frame stride
+    ``out_stride``   int64[K, A]     byte stride of each axis of one sample's field
+    ``field_bytes``  int64[K]        bytes of one sample's field
+    ===============  ==============  ==========================================
+
+    ``ok`` is False (and ``why`` says why) when the layout needs the per-block path.
+    """
+
+    def __init__(self, layout):
+        self.layout = layout
+        D, S, K = len(layout.datasets), len(layout.sources), len(layout.field_names)
+        A = MAX_DIMS
+        self.ok, self.why = True, ""
+        shapes = {tuple(sorted(layout.field_shapes(int(layout.source_start[i])).items())) for i in range(S)}
+        self.uniform = len(shapes) <= 1
+        if not self.uniform:
+            self.ok, self.why = False, "samples differ in shape"
+        if any(len(info.shape) > A for info in layout.datasets):
+            self.ok, self.why = False, f"a dataset has more than {A} axes"
+        for k in range(K):  # one byte order per field: the swap to native is done per field
+            if len({np.dtype(layout.datasets[src.datasets[k]].dtype).isnative for src in layout.sources}) > 1:
+                self.ok, self.why = False, "a field's byte order differs between files"
+        self.ds_shape = np.ones((D, A), np.int64)
+        self.blk_shape = np.ones((D, A), np.int64)
+        self.grid = np.ones((D, A), np.int64)
+        self.grid_div = np.ones((D, A), np.int64)
+        self.blk_stride = np.zeros((D, A), np.int64)
+        self.ds_ndim = np.zeros(D, np.int64)
+        self.itemsize = np.zeros(D, np.int64)
+        self.ds_block_start = np.asarray(layout.dataset_block_start, np.int64)
+        if not self.ok:
+            return
+        for d, info in enumerate(layout.datasets):
+            nd = len(info.shape)
+            bs = layout.block_shapes[d]
+            g = chunk_grid(info.shape, bs)
+            self.ds_ndim[d], self.itemsize[d] = nd, np.dtype(info.dtype).itemsize
+            self.ds_shape[d, :nd], self.blk_shape[d, :nd], self.grid[d, :nd] = info.shape, bs, g
+            for a in range(nd):
+                self.grid_div[d, a] = int(np.prod(g[a + 1:], dtype=np.int64))
+                self.blk_stride[d, a] = int(np.prod(bs[a + 1:], dtype=np.int64)) * self.itemsize[d]
+        self.src_ds = np.zeros((S, K), np.int64)
+        self.roles = np.zeros((S, K, A), np.int64)
+        self.src_kind = np.zeros(S, np.int64)
+        self.src_wpt = np.ones(S, np.int64)
+        self.src_window = np.ones(S, np.int64)
+        self.src_dt = np.ones(S, np.int64)
+        code = {"s": ROLE_INDEX, "b": ROLE_INDEX, "t": ROLE_TIME}
+        for s, src in enumerate(layout.sources):
+            self.src_kind[s] = {"rows": 0, "windows": 1}.get(src.kind, 2)
+            if src.kind == "windows":
+                self.src_wpt[s], self.src_window[s], self.src_dt[s] = src.windows_per_traj, src.window, src.dt
+            for k, d in enumerate(src.datasets):
+                self.src_ds[s, k] = d
+                for a, r in enumerate(src.roles[k]):
+                    self.roles[s, k, a] = code[r]
+        self.fields = list(layout.field_names)
+        self.shapes = layout.field_shapes(0) if layout.n_samples else {}
+        self.out_stride = np.zeros((K, A), np.int64)
+        self.field_bytes = np.zeros(K, np.int64)
+        dsz = {name: int(self.itemsize[d]) for name, d, _ in layout.sample_fields(0)} if layout.n_samples else {}
+        for k, name in enumerate(self.fields):
+            shp = self.shapes.get(name, ())
+            for a in range(len(shp)):
+                self.out_stride[k, a] = int(np.prod(shp[a + 1:], dtype=np.int64)) * dsz.get(name, 0)
+            self.field_bytes[k] = int(np.prod(shp, dtype=np.int64)) * dsz.get(name, 0)
+
+    def gather(self, samples: np.ndarray, blocks: np.ndarray, block_class: np.ndarray, block_slot: np.ndarray,
+               pools, out: dict[str, np.ndarray]) -> None:
+        """Fill ``out[field]`` (C-contiguous, shape (n, *field shape)) for ``samples`` (int64[n]).
+
+        ``blocks`` int64[m] ascending: the step's resident blocks; ``block_class``/``block_slot``
+        int64[m]: where each lives in ``pools`` (:class:`~solar.buffer.SlotPools`).  Every block
+        of every sample must be among ``blocks``, and every piece inside its slot and field
+        (ValueError otherwise, before that piece is copied).  Values land in the file's byte
+        order; :meth:`to_native` converts.
+        """
+        lay = self.layout
+        samples = np.ascontiguousarray(samples, dtype=np.int64)
+        src = np.searchsorted(lay.source_start, samples, side="right") - 1
+        local = samples - lay.source_start[src]
+        for c in np.unique(block_class).tolist():
+            flat = pools.arrays[c].reshape(-1)
+            slot_bytes = int(pools.class_bytes[c])
+            for k, name in enumerate(self.fields):
+                if not out[name].flags.c_contiguous:
+                    raise ValueError(f"batch array of field {name!r} must be C-contiguous")
+                dest = out[name].reshape(-1).view(np.uint8)
+                missing = _gather_field(k, c, samples, src, local, lay.sample_ptr, lay.sample_blocks,
+                                        lay.block_dataset, blocks, block_class, block_slot, flat, slot_bytes, dest,
+                                        self.ds_block_start, self.ds_ndim, self.ds_shape, self.blk_shape,
+                                        self.grid, self.grid_div, self.blk_stride, self.itemsize, self.src_ds,
+                                        self.roles, self.src_kind, self.src_wpt, self.src_window, self.src_dt,
+                                        self.out_stride, self.field_bytes)
+                if missing >= 0:
+                    raise ValueError(f"block {missing} of field {name!r} is not among the step's blocks")
+                if missing < -1:
+                    raise ValueError(f"block {-2 - missing} of field {name!r}: the piece a sample selects falls "
+                                     f"outside its slot or the batch (layout geometry disagrees with the pools)")
+
+    def to_native(self, out: dict[str, np.ndarray]) -> None:
+        """Swap the bytes of fields stored in non-native byte order, in place (lossless)."""
+        for name, d in zip(self.fields, self.src_ds[0].tolist() if self.src_ds.size else []):
+            dt = np.dtype(self.layout.datasets[d].dtype)
+            if dt.itemsize > 1 and not dt.isnative:
+                out[name].byteswap(inplace=True)
+
+
+@njit(nogil=True, cache=True)
+def _find(blocks, b):
+    """Position of ``b`` in ascending ``blocks`` (-1 if absent)."""
+    lo, hi = 0, blocks.shape[0]
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if blocks[mid] < b:
+            lo = mid + 1
+        else:
+            hi = mid
+    if lo < blocks.shape[0] and blocks[lo] == b:
+        return lo
+    return -1
+
+
+@intrinsic
+def _memcpy(typingctx, dest, doff, src, soff, n):
+    """``dest[doff:doff+n] = src[soff:soff+n]`` for 1-D uint8 arrays, as one libc ``memcpy``
+    (no bounds or overlap checks: the caller's geometry keeps it inside both arrays)."""
+    sig = types.void(dest, doff, src, soff, n)
+
+    def codegen(context, builder, signature, args):
+        d, do, s, so, nn = args
+        da = context.make_array(signature.args[0])(context, builder, d)
+        sa = context.make_array(signature.args[2])(context, builder, s)
+        cgutils.raw_memcpy(builder, builder.gep(da.data, [do]), builder.gep(sa.data, [so]), nn, 1)
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+@njit(nogil=True, cache=True)
+def _copy_box(pool, soff, dest, doff, m, cnt, sst, dstr, run):
+    """Copy a box of ``m`` axes (counts ``cnt``, byte strides ``sst``/``dstr``) of ``run``-byte runs."""
+    idx = np.zeros(MAX_DIMS, np.int64)
+    while True:
+        _memcpy(dest, doff, pool, soff, run)
+        a = m - 1
+        while a >= 0:
+            idx[a] += 1
+            soff += sst[a]
+            doff += dstr[a]
+            if idx[a] < cnt[a]:
+                break
+            soff -= sst[a] * cnt[a]
+            doff -= dstr[a] * cnt[a]
+            idx[a] = 0
+            a -= 1
+        if a < 0:
+            return
+
+
+@njit(nogil=True, cache=True)
+def _gather_field(k, c, samples, src, local, sample_ptr, sample_blocks, block_dataset, blocks, block_class,
+                  block_slot, pool, slot_bytes, dest, ds_block_start, ds_ndim, ds_shape, blk_shape, grid, grid_div,
+                  blk_stride, itemsize, src_ds, roles, src_kind, src_wpt, src_window, src_dt, out_stride,
+                  field_bytes):
+    """Field ``k`` of every sample, from the blocks of class ``c``.
+
+    Returns -1; or a block id >= 0 that is not in ``blocks``; or -2 - block id for a piece
+    whose bytes would fall outside its slot or its sample's field (nothing of it copied).
+    """
+    cnt = np.zeros(MAX_DIMS, np.int64)
+    sst = np.zeros(MAX_DIMS, np.int64)
+    dstr = np.zeros(MAX_DIMS, np.int64)
+    for i in range(samples.shape[0]):
+        s, so, loc = samples[i], src[i], local[i]
+        index, t0 = loc, 0
+        if src_kind[so] == 1:
+            index, t0 = loc // src_wpt[so], loc % src_wpt[so]
+        d = src_ds[so, k]
+        for p in range(sample_ptr[s], sample_ptr[s + 1]):
+            b = sample_blocks[p]
+            if block_dataset[b] != d:
+                continue
+            j = _find(blocks, b)
+            if j < 0:
+                return b
+            if block_class[j] != c:
+                continue
+            lin = b - ds_block_start[d]
+            soff = block_slot[j] * slot_bytes
+            doff = i * field_bytes[k]
+            m = 0
+            skip = False
+            for a in range(ds_ndim[d]):
+                origin = (lin // grid_div[d, a]) % grid[d, a] * blk_shape[d, a]
+                hi = min(origin + blk_shape[d, a], ds_shape[d, a])
+                r = roles[so, k, a]
+                if r == ROLE_INDEX:
+                    if index < origin or index >= hi:
+                        skip = True
+                        break
+                    soff += (index - origin) * blk_stride[d, a]
+                    continue
+                start, n, step = 0, ds_shape[d, a], 1
+                if r == ROLE_TIME:
+                    start, n, step = t0, src_window[so], src_dt[so]
+                j_lo = max(0, -((start - origin) // step))
+                j_hi = min(n, -((start - hi) // step))
+                if j_lo >= j_hi:
+                    skip = True
+                    break
+                soff += (start + step * j_lo - origin) * blk_stride[d, a]
+                doff += j_lo * out_stride[k, m]
+                cnt[m], sst[m], dstr[m] = j_hi - j_lo, step * blk_stride[d, a], out_stride[k, m]
+                m += 1
+            if skip:
+                continue
+            run = itemsize[d]
+            while m > 0 and sst[m - 1] == run and dstr[m - 1] == run:  # merge contiguous inner axes
+                run *= cnt[m - 1]
+                m -= 1
+            s_end, d_end = soff + run, doff + run  # one past the last byte each side touches
+            for a in range(m):
+                s_end += (cnt[a] - 1) * sst[a]
+                d_end += (cnt[a] - 1) * dstr[a]
+            if s_end > (block_slot[j] + 1) * slot_bytes or d_end > (i + 1) * field_bytes[k]:
+                return -2 - b  # geometry outside the block's slot or the sample's field: never copied
+            _copy_box(pool, soff, dest, doff, m, cnt, sst, dstr, run)
+    return -1
