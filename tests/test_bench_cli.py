@@ -103,3 +103,28 @@ def test_bench_equal_memory_refuses_clearly(tmp_path, capsys, monkeypatch):
     with pytest.raises(SystemExit) as ex:
         main(["bench", data, "--baselines", "torch,nope"])
     assert ex.value.code == 2 and "unknown baseline 'nope'" in capsys.readouterr().err
+
+
+def test_a_baseline_whose_workers_die_is_reported_not_fatal(tmp_path, monkeypatch):
+    """A baseline's DataLoader worker killed mid-run (as the OOM killer does under --equal-memory):
+    the bench records it as failed, names it in the report, and runs the other loaders."""
+    from solar.bench import baseline
+    from solar.bench.compare import bench, format_report
+    data = make_dataset(tmp_path, "ptychonn", "contiguous", samples=16)
+    real, calls = baseline._epoch, []
+
+    def dying_first_epoch(loader, *a, **kw):
+        calls.append(1)
+        if len(calls) == 1:  # the first baseline (torch), its first epoch
+            raise RuntimeError("DataLoader worker (pid(s) 4242) exited unexpectedly")
+        return real(loader, *a, **kw)
+    monkeypatch.setattr(baseline, "_epoch", dying_first_epoch)
+    from mpi4py import MPI
+    rep = bench(data, comm=MPI.COMM_SELF, epochs=2, local_batch=2, num_workers=0, cold=True,
+                baselines=("torch", "memmap", "batched"))
+    assert "pid(s) 4242" in rep["baselines"]["torch"]["failed"] and "epoch 0" in rep["baselines"]["torch"]["failed"]
+    assert len(rep["baselines"]["memmap"]["samples_per_s"]) == 2 and len(rep["baselines"]["batched"]["epochs"]) == 2
+    assert "speedup" not in rep and set(rep["best_baseline"]) <= {"memmap", "batched"}
+    assert len(rep["speedup_vs_best"]) == 2
+    text = format_report(rep)
+    assert "baseline torch: failed (torch failed in epoch 0: rank 0: DataLoader worker (pid(s) 4242)" in text

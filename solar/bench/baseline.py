@@ -279,6 +279,10 @@ def _verify(layout, picked: list) -> int:
     return len(picked)
 
 
+class BaselineFailed(SolarError):
+    """A baseline's DataLoader workers died mid-run (raised on every rank at the same epoch)."""
+
+
 def _epoch(loader, order, step_time, n_verify, bar) -> dict:
     """Run one epoch through ``loader``: ``dict(samples, bytes, seconds, stall, picked)``."""
     n = len(order)
@@ -393,9 +397,17 @@ def run_baseline(spec_path: str, *, comm, local_batch: int, epochs: int, seed: i
             if progress and comm.rank == 0:
                 from tqdm import tqdm
                 bar = tqdm(total=len(loader), desc=f"{kind} epoch {e}", unit="batch", leave=False)
-            r = _epoch(loader, order, step_time, verify, bar)
+            try:
+                r, died = _epoch(loader, order, step_time, verify, bar), ""
+            except RuntimeError as exc:  # a worker killed (e.g. by a memory limit): every rank learns it below
+                if "exited unexpectedly" not in str(exc):
+                    raise
+                r, died = None, f"rank {comm.rank}: {str(exc).splitlines()[0]}"
             if bar is not None:
                 bar.close()
+            deaths = [d for d in comm.allgather(died) if d]
+            if deaths:
+                raise BaselineFailed(f"{kind} failed in epoch {e}: {'; '.join(deaths)}")
             verified = _verify(layout, r["picked"]) if verify else 0
             per_rank = comm.allgather((r["seconds"], r["stall"], r["samples"], r["bytes"], left))
             seconds = max(x[0] for x in per_rank)

@@ -253,7 +253,7 @@ def _run_loaders(report, spec, layout, schedule, *, comm, node, cg, epochs, loca
     """Run solar and each baseline in turn, filling ``report["solar"]``, ``["baselines"]``, ``["baseline"]``."""
     import functools
 
-    from .baseline import run_baseline, skip_reason
+    from .baseline import BaselineFailed, run_baseline, skip_reason
     from .memlimit import check_worker_in
     if "solar" in loaders:
         _reset_peak(cg, node)
@@ -271,9 +271,14 @@ def _run_loaders(report, spec, layout, schedule, *, comm, node, cg, epochs, loca
             report["baselines"][kind] = {"skipped": why}
             continue
         _reset_peak(cg, node)
-        eps = run_baseline(spec, comm=comm, local_batch=local_batch, epochs=epochs, seed=seed,
-                           num_workers=num_workers, step_time=step_time, drop_cache=drop, progress=progress,
-                           kind=kind, memory_bytes=budget, worker_init_fn=init, verify=VERIFY)
+        try:
+            eps = run_baseline(spec, comm=comm, local_batch=local_batch, epochs=epochs, seed=seed,
+                               num_workers=num_workers, step_time=step_time, drop_cache=drop, progress=progress,
+                               kind=kind, memory_bytes=budget, worker_init_fn=init, verify=VERIFY)
+        except BaselineFailed as exc:  # e.g. its workers outgrew the --equal-memory limit: say so, go on
+            report["baselines"][kind] = {"failed": str(exc) + (" (killed under the memory limit?)" if cg else ""),
+                                         "memory_peak_bytes": _peak(cg, node, comm)}
+            continue
         report["baselines"][kind] = {"num_workers": num_workers, "epochs": eps,
                                      "samples_per_s": [e["samples_per_s"] for e in eps],
                                      "memory_peak_bytes": _peak(cg, node, comm)}
@@ -326,6 +331,8 @@ def format_report(r: dict) -> str:
     for kind, b in r.get("baselines", {}).items():
         if "skipped" in b:
             lines.append(f"baseline {kind}: skipped ({b['skipped']})")
+        elif "failed" in b:
+            lines.append(f"baseline {kind}: failed ({b['failed']})")
     ran = [k for k, b in r.get("baselines", {}).items() if "epochs" in b]
     lines.append("samples/s per epoch; speedup = solar / torch, vs best = solar / fastest baseline that epoch, "
                  "limit_ratio = (solar's storage bytes / random-read GB/s) / solar's epoch time")
