@@ -19,6 +19,10 @@ import time
 import traceback
 
 
+ABORT_GRACE_S = 0.5
+"""Seconds between printing the error and ``MPI_Abort`` (lets the launcher forward the message)."""
+
+
 def _describe(exc: BaseException, rank: int, prefix: str) -> str:
     """``"<prefix>: error on rank R: <cause>"`` (one line for a SolarError, with the traceback otherwise)."""
     from .errors import SolarError
@@ -36,6 +40,9 @@ def report_and_abort(comm, exc: BaseException, prefix: str = "solar") -> None:
     size = comm.Get_size()
     sys.stderr.write(_describe(exc, comm.Get_rank(), prefix) + f"{prefix}: aborting all {size} ranks\n")
     sys.stderr.flush()
+    # the launcher forwards our stderr through a pipe; aborting at once could kill the job before it has
+    # read the message (seen with MPICH's hydra: the job ended with no message about 1 run in 8)
+    time.sleep(ABORT_GRACE_S)
     try:
         comm.Abort(1)
     finally:
