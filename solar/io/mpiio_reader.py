@@ -78,7 +78,10 @@ class MpiioReader(BlockReader):
         self.collective = o["collective"]
         self.policy = CoalescePolicy(o["max_gap"], o["max_read"], o["coalesce"])
         self.max_call_bytes = mcb
-        self.comm = comm if comm is not None else MPI.COMM_SELF
+        # a communicator of our own: the reads' collectives run in the prefetch thread while the training
+        # loop may run its own collectives (allreduce of gradients) on ``comm``; on one communicator the two
+        # could match each other across ranks (wrong results, or a hang)
+        self.comm = (comm if comm is not None else MPI.COMM_SELF).Dup()
         self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="solar-mpiio")
         self._fh = []
         self._self_fh = {}  # file index -> COMM_SELF handle for retries (opened on first need)
@@ -87,6 +90,7 @@ class MpiioReader(BlockReader):
                 self._fh.append(MPI.File.Open(self.comm, p, MPI.MODE_RDONLY))
         except MPI.Exception as exc:
             self._close_files()
+            self.comm.Free()
             raise DecodeError(f"MPI-IO cannot open {p}: {exc.Get_error_string()}") from None
         # ROMIO's Read_all through a file view reports the full count even past the end of
         # the file, so ranges are checked against the sizes the files had when opened.
@@ -136,6 +140,7 @@ class MpiioReader(BlockReader):
         if not self._closed:
             self._pool.shutdown(wait=True)
             self._close_files()
+            self.comm.Free()
         super().close()
 
     # ----------------------------------------------------------------- read
