@@ -13,36 +13,19 @@ stats of rank 0 and how many bytes of each data file are in the page cache (``mi
 which is what ``drop_cache`` is about.  Without ``--mpi`` only rank 0's share is run.
 """
 import argparse
-import ctypes
 import json
-import mmap
 import os
 import time
 
-import numpy as np
 
 import solar
+from solar.bench.cache import cached_fraction
 from solar.loader import SolarLoader
 
 
 def cached_bytes(path: str) -> int:
-    """Bytes of ``path`` resident in the page cache (``mmap`` + ``mincore``)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-    size = os.path.getsize(path)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-        vec = np.zeros(-(-size // mmap.PAGESIZE), np.uint8)
-        if libc.mincore(addr, size, vec.ctypes.data) != 0:
-            raise OSError(ctypes.get_errno(), f"mincore of {path} failed")
-        libc.munmap(addr, size)
-    finally:
-        os.close(fd)
-    return int((vec & 1).sum()) * mmap.PAGESIZE
+    """Bytes of ``path`` resident in the page cache (solar.bench.cache.cached_fraction: mmap + mincore)."""
+    return int(cached_fraction(path) * os.path.getsize(path))
 
 
 def drop_pages(paths) -> None:

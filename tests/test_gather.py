@@ -2,8 +2,6 @@
 per-block ``place_block`` path and h5py, bit for bit, on every preset x storage, random
 sample subsets and random slot placements; the vectorised slot pools and step booking
 keep their safety checks."""
-import ctypes
-import mmap
 import os
 
 import h5py
@@ -14,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import solar
+from solar.bench.cache import cached_fraction
 from solar.buffer import BufferError, SlotPools, StepBlocks, size_classes
 from solar.io import assemble_sample, get_reader
 from solar.layout import LayoutSpec, build_layout
@@ -158,24 +157,8 @@ def test_plan_loading_a_block_twice_in_one_step_is_refused(tmp_path):
 
 # ------------------------------------------------------------------ page cache (pread drop_cache)
 def _resident_bytes(path) -> int:
-    """Bytes of ``path`` in the page cache (mmap + mincore)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-    size = os.path.getsize(path)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-        vec = np.zeros(-(-size // mmap.PAGESIZE), np.uint8)
-        rc = libc.mincore(addr, size, vec.ctypes.data)
-        libc.munmap(addr, size)
-    finally:
-        os.close(fd)
-    if rc != 0:
-        pytest.skip("mincore failed here")
-    return int((vec & 1).sum()) * mmap.PAGESIZE
+    """Bytes of ``path`` in the page cache (the bench's mincore check)."""
+    return int(cached_fraction(path) * os.path.getsize(path))
 
 
 @pytest.mark.parametrize("storage", ["contiguous", "gzip"])
