@@ -162,146 +162,211 @@ def run_policy(demand: Demand, cfg: PlanConfig, policy="solar", record: bool = F
     same samples use (:mod:`solar.scheduler.groups`); recorded load/evict lists are
     expanded back to layout block ids and all counts and bytes are in layout blocks.
     """
-    pol: Policy = get_policy(policy) if isinstance(policy, str) else policy
-    n = demand.n_samples
-    P, b, E = cfg.world_size, cfg.local_batch, cfg.epochs
-    num, total = sampler_sizes(n, P, cfg.drop_last)
-    if total == 0:
-        raise SpecError(f"drop_last with {n} samples and world size {P} leaves no sample to train on")
-    bounds = batch_bounds(total, P, b)
-    S = bounds.shape[0] - 1
-    P_eng = 1 if pol.single_buffer else P
-    budget = cfg.buffer_bytes * (P if pol.single_buffer else 1)
+    run = PlanRun(demand, cfg, policy, record=record, epoch_order=epoch_order, group_blocks=group_blocks)
+    return run.advance(cfg.epochs, on_epoch=on_epoch, progress=progress)
 
-    # per-step sample-count bounds; the last batch may be partial (each rank gets num % b)
-    share = np.full(S, b, dtype=np.int64)
-    share[-1] = num - (S - 1) * b
-    if pol.single_buffer:
-        share = share * P
-    eps = cfg.epsilon if pol.mode == eg.ROUTED else 0.0
-    cap_lo = np.maximum(1, np.ceil(share * (1 - eps) - 1e-9)).astype(np.int64)
-    cap_hi = np.floor(share * (1 + eps) + 1e-9).astype(np.int64)
 
-    sp, sb, nb, stored_nb, unit_count, groups = _planning_units(demand, group_blocks)
-    n_units = int(nb.shape[0])
-    csum = np.concatenate(([0], np.cumsum(nb[sb])))
-    sample_bytes = csum[sp[1:]] - csum[sp[:-1]]  # int64[N] (a sample may have no block)
-    min_nb = int(nb[nb > 0].min()) if (nb > 0).any() else 1
-    max_res = min(n_units, budget // min_nb + 1)
-    max_blocks_sample = int(np.diff(sp).max())
-    step_blocks = int(cap_hi.max()) * max_blocks_sample
-    perms = [epoch_indices(n, P, cfg.seed, t, cfg.drop_last) for t in range(E)] if (
-        epoch_order or pol.epoch_order) != "identity" else None
-    mean_sample = float(sample_bytes.mean()) if n else 1.0
-    cache_samples = int(P * cfg.buffer_bytes // max(1.0, mean_sample))
-    order = get_epoch_order(epoch_order or pol.epoch_order)(perms, cache_samples) if perms is not None \
-        else np.arange(E, dtype=np.int64)
-    boundary_steps = cache_samples // (P * b)
-    # epochs ahead whose accesses the next-use computation sees (memory: that many indices)
-    lookahead = 0
-    if pol.next_use != "none":
-        cap = max(1, LOOKAHEAD_MAX_BYTES // max(1, 8 * total))
-        lookahead = max(1, min(E - 1, cap if pol.lookahead is None else int(pol.lookahead), cap))
+class PlanRun:
+    """The planner as a resumable computation: engine state after the epochs planned so far.
 
-    # engine state
-    acc_max = int(np.diff(sp).max()) * total
-    live_max = min(P_eng * max_res, P_eng * n_units)
-    tsize = _next_pow2(int((2 * live_max + acc_max + 64) / 0.6))
-    keys = np.full(tsize, eg.EMPTY, dtype=np.int64)
-    prio = np.zeros(tsize, dtype=np.int64)
-    used = np.full(tsize, -1, dtype=np.int64)
-    heap_cap = 2 * max_res + 2 * step_blocks + 64
-    hk = np.zeros((P_eng, heap_cap), dtype=np.int64)
-    hbk = np.zeros((P_eng, heap_cap), dtype=np.int64)
-    hn = np.zeros(P_eng, dtype=np.int64)
-    res_bytes = np.zeros(P_eng, dtype=np.int64)
-    owner = np.full(n_units, -1, dtype=np.int32)
-    stamp = np.full(n_units, -1, dtype=np.int64)
-    n_res = np.zeros(2, dtype=np.int64)
-    last = np.full(n_units, eg.INF, dtype=np.int64)
-    err = np.zeros(4, dtype=np.int64)
-    R = (lookahead + 1) * S + 1 if pol.mode == eg.ROUTED else 1  # next uses lie within R - 1 steps
-    due = np.zeros((R, P_eng), dtype=np.int64)  # [step % R, rank]: see engine.run_epoch
+    ``advance(stop)`` plans epoch positions ``planned .. stop - 1`` and returns their
+    :class:`PolicyResult`; calling it again goes on from the same state, so planning in
+    windows of K epochs gives exactly the plan of planning them in one call.
 
-    result = PolicyResult(pol.name, [int(x) for x in order])
+    ``open_ended=False``: the job has ``cfg.epochs`` epochs; the last epoch sees no
+    future (what :func:`run_policy` plans).  ``open_ended=True``: the number of epochs
+    is not known; epoch ``e`` always sees the permutations of the epochs after it
+    (seeded, so known without planning them), ``cfg.epochs`` is ignored and windows
+    may go on without end.  A plan of E epochs made open-ended equals the first E
+    epochs of any longer plan of the same job; it differs from a plan that ends at E
+    only in the last epoch (whose evictions then see the next epoch's uses).  Open-ended
+    planning needs the ``identity`` epoch order (an order over all epochs needs them all)
+    and a policy that looks a bounded number of epochs ahead (not ``nopfs``).
+    """
 
-    def source(pos: int) -> np.ndarray:  # the global index trained at epoch position pos
-        return perms[order[pos]] if perms is not None else epoch_indices(n, P, cfg.seed, int(order[pos]),
-                                                                         cfg.drop_last)
+    def __init__(self, demand: Demand, cfg: PlanConfig, policy="solar", *, record: bool = False,
+                 epoch_order: Optional[str] = None, group_blocks: bool = True, open_ended: bool = False):
+        pol: Policy = get_policy(policy) if isinstance(policy, str) else policy
+        self.pol, self.cfg, self.record, self.open_ended = pol, cfg, bool(record), bool(open_ended)
+        n = self.n = demand.n_samples
+        P, b = cfg.world_size, cfg.local_batch
+        E = None if open_ended else cfg.epochs  # None: no last epoch
+        num, total = sampler_sizes(n, P, cfg.drop_last)
+        if total == 0:
+            raise SpecError(f"drop_last with {n} samples and world size {P} leaves no sample to train on")
+        self.total = total
+        self.bounds = batch_bounds(total, P, b)
+        S = self.S = self.bounds.shape[0] - 1
+        self.P_eng = 1 if pol.single_buffer else P
+        self.budget = cfg.buffer_bytes * (P if pol.single_buffer else 1)
 
-    window = deque([source(0)])  # indices of epoch positions e .. e + lookahead
-    empty = np.zeros(0, dtype=np.int64)
-    it = range(E)
-    if progress:
-        from tqdm import tqdm
-        it = tqdm(it, desc=f"plan {pol.name}", unit="epoch", leave=False)
-    for e in it:
-        while len(window) < lookahead + 1 and e + len(window) < E:
-            window.append(source(e + len(window)))
+        # per-step sample-count bounds; the last batch may be partial (each rank gets num % b)
+        share = np.full(S, b, dtype=np.int64)
+        share[-1] = num - (S - 1) * b
+        if pol.single_buffer:
+            share = share * P
+        self.share = share
+        eps = cfg.epsilon if pol.mode == eg.ROUTED else 0.0
+        self.cap_lo = np.maximum(1, np.ceil(share * (1 - eps) - 1e-9)).astype(np.int64)
+        self.cap_hi = np.floor(share * (1 + eps) + 1e-9).astype(np.int64)
+
+        sp, sb, nb, stored_nb, unit_count, groups = _planning_units(demand, group_blocks)
+        self.sp, self.sb, self.nb, self.stored_nb, self.unit_count, self.groups = sp, sb, nb, stored_nb, \
+            unit_count, groups
+        n_units = int(nb.shape[0])
+        csum = np.concatenate(([0], np.cumsum(nb[sb])))
+        self.sample_bytes = csum[sp[1:]] - csum[sp[:-1]]  # int64[N] (a sample may have no block)
+        min_nb = int(nb[nb > 0].min()) if (nb > 0).any() else 1
+        max_res = min(n_units, self.budget // min_nb + 1)
+        self.max_blocks_sample = int(np.diff(sp).max())
+        step_blocks = int(self.cap_hi.max()) * self.max_blocks_sample
+        order_name = epoch_order or pol.epoch_order
+        mean_sample = float(self.sample_bytes.mean()) if n else 1.0
+        cache_samples = int(P * cfg.buffer_bytes // max(1.0, mean_sample))
+        if open_ended and order_name != "identity":
+            raise SpecError(f"open-ended planning needs the identity epoch order; policy {pol.name!r} orders "
+                            f"epochs {order_name!r}, which needs every epoch up front")
+        if open_ended and pol.next_use != "none" and pol.lookahead is None:
+            raise SpecError(f"open-ended planning needs a bounded lookahead; policy {pol.name!r} looks at every "
+                            f"epoch ahead")
+        self.perms = [epoch_indices(n, P, cfg.seed, t, cfg.drop_last) for t in range(E)] if (
+            order_name != "identity") else None
+        self.order = get_epoch_order(order_name)(self.perms, cache_samples) if self.perms is not None \
+            else None  # None: identity (position e trains source epoch e)
+        self.boundary_steps = cache_samples // (P * b)
+        # epochs ahead whose accesses the next-use computation sees (memory: that many indices)
+        lookahead = 0
+        if pol.next_use != "none":
+            cap = max(1, LOOKAHEAD_MAX_BYTES // max(1, 8 * total))
+            ahead = cap if pol.lookahead is None else min(int(pol.lookahead), cap)
+            lookahead = max(1, ahead if E is None else min(E - 1, ahead))
+        self.lookahead = lookahead
+
+        # engine state, kept across epochs and windows
+        acc_max = int(np.diff(sp).max()) * total
+        live_max = min(self.P_eng * max_res, self.P_eng * n_units)
+        self.tsize = _next_pow2(int((2 * live_max + acc_max + 64) / 0.6))
+        self.keys = np.full(self.tsize, eg.EMPTY, dtype=np.int64)
+        self.prio = np.zeros(self.tsize, dtype=np.int64)
+        self.used = np.full(self.tsize, -1, dtype=np.int64)
+        heap_cap = 2 * max_res + 2 * step_blocks + 64
+        self.hk = np.zeros((self.P_eng, heap_cap), dtype=np.int64)
+        self.hbk = np.zeros((self.P_eng, heap_cap), dtype=np.int64)
+        self.hn = np.zeros(self.P_eng, dtype=np.int64)
+        self.res_bytes = np.zeros(self.P_eng, dtype=np.int64)
+        self.owner = np.full(n_units, -1, dtype=np.int32)
+        self.stamp = np.full(n_units, -1, dtype=np.int64)
+        self.n_res = np.zeros(2, dtype=np.int64)
+        self.last = np.full(n_units, eg.INF, dtype=np.int64)
+        self.err = np.zeros(4, dtype=np.int64)
+        R = (lookahead + 1) * S + 1 if pol.mode == eg.ROUTED else 1  # next uses lie within R - 1 steps
+        self.due = np.zeros((R, self.P_eng), dtype=np.int64)  # [step % R, rank]: see engine.run_epoch
+        self.planned = 0  # epoch positions planned so far
+        self.window = deque()  # indices of epoch positions planned .. planned + lookahead (those known)
+
+    def source_epoch(self, pos: int) -> int:
+        """The source epoch (seed offset) trained at epoch position ``pos``."""
+        return int(self.order[pos]) if self.order is not None else int(pos)
+
+    def _source(self, pos: int) -> np.ndarray:  # the global index trained at epoch position pos
+        if self.perms is not None:
+            return self.perms[self.order[pos]]
+        return epoch_indices(self.n, self.cfg.world_size, self.cfg.seed, int(pos), self.cfg.drop_last)
+
+    def _horizon(self) -> Optional[int]:
+        return None if self.open_ended else self.cfg.epochs
+
+    def advance(self, stop: int, on_epoch: Optional[Callable[[EpochPlan], None]] = None,
+                progress: bool = False) -> PolicyResult:
+        """Plan epoch positions ``self.planned .. stop - 1``; their :class:`PolicyResult`."""
+        E = self._horizon()
+        if isinstance(stop, bool) or not isinstance(stop, (int, np.integer)) or stop < self.planned or (
+                E is not None and stop > E):
+            raise SpecError(f"cannot plan up to epoch {stop!r}: {self.planned} planned"
+                            + (f", the job has {E}" if E is not None else ""))
+        result = PolicyResult(self.pol.name, [self.source_epoch(e) for e in range(self.planned, stop)])
+        it = range(self.planned, int(stop))
+        if progress:
+            from tqdm import tqdm
+            it = tqdm(it, desc=f"plan {self.pol.name}", unit="epoch", leave=False)
+        for e in it:
+            self._epoch(e, result, on_epoch)
+            self.planned = e + 1
+        return result
+
+    def _epoch(self, e: int, result: PolicyResult, on_epoch):
+        pol, P_eng, S, sp, sb = self.pol, self.P_eng, self.S, self.sp, self.sb
+        E = self._horizon()
+        window = self.window
+        if not window:
+            window.append(self._source(e))
+        while len(window) < self.lookahead + 1 and (E is None or e + len(window) < E):
+            window.append(self._source(e + len(window)))
         idx = window[0]
         future = list(window)[1:]
+        empty = np.zeros(0, dtype=np.int64)
         idx_f = future[0] if len(future) == 1 else (np.concatenate(future) if future else empty)
         step0 = e * S
         counts = np.diff(sp)[idx]
-        acc_ptr = np.zeros(total + 1, dtype=np.int64)
+        acc_ptr = np.zeros(self.total + 1, dtype=np.int64)
         np.cumsum(counts, out=acc_ptr[1:])
         nu = np.full(int(acc_ptr[-1]), eg.INF, dtype=np.int64)
         if pol.next_use != "none":
-            eg.next_use(idx, bounds, step0, idx_f, len(future), acc_ptr, P, pol.next_use == "rank", sp, sb,
-                        last, nu)
-        rank_of = np.empty(total, dtype=np.int32)
+            eg.next_use(idx, self.bounds, step0, idx_f, len(future), acc_ptr, self.cfg.world_size,
+                        pol.next_use == "rank", sp, sb, self.last, nu)
+        rank_of = np.empty(self.total, dtype=np.int32)
         shape = (S, P_eng)
         st = [np.zeros(shape, dtype=np.int64) for _ in range(6)]
-        if record:
+        if self.record:
             load = np.empty(int(acc_ptr[-1]), dtype=np.int64)
-            evict = np.empty(int(acc_ptr[-1]) + int(n_res[0]) + 1, dtype=np.int64)
+            evict = np.empty(int(acc_ptr[-1]) + int(self.n_res[0]) + 1, dtype=np.int64)
             load_ptr = np.zeros(S * P_eng + 1, dtype=np.int64)
             evict_ptr = np.zeros(S * P_eng + 1, dtype=np.int64)
         else:
             load = evict = load_ptr = evict_ptr = empty
+        err = self.err
         err[:] = 0
         n_load, n_evict = eg.run_epoch(
-            idx, bounds, acc_ptr, nu, step0, P_eng, cap_lo, cap_hi, share, pol.mode, pol.evict, budget,
-            boundary_steps, sp, sb, nb, stored_nb, unit_count, keys, prio, used, hk, hbk, hn, res_bytes, owner,
-            stamp, n_res, rank_of, *st, record, load, load_ptr, evict, evict_ptr, err, due, max_blocks_sample)
+            idx, self.bounds, acc_ptr, nu, step0, P_eng, self.cap_lo, self.cap_hi, self.share, pol.mode, pol.evict,
+            self.budget, self.boundary_steps, sp, sb, self.nb, self.stored_nb, self.unit_count, self.keys, self.prio,
+            self.used, self.hk, self.hbk, self.hn, self.res_bytes, self.owner, self.stamp, self.n_res, rank_of, *st,
+            self.record, load, load_ptr, evict, evict_ptr, err, self.due, self.max_blocks_sample)
         if err[0] == eg.TOO_SMALL:
             raise BufferTooSmall(
-                f"buffer of {budget:,} bytes per rank cannot hold the {int(err[3]):,} bytes of blocks that rank "
+                f"buffer of {self.budget:,} bytes per rank cannot hold the {int(err[3]):,} bytes of blocks that rank "
                 f"{int(err[2])} needs at step {int(err[1]) - step0} of epoch {e}: the buffer must hold at least "
                 f"one local batch")
         if err[0] != eg.OK:
             raise RuntimeError(f"planner engine failed with status {int(err[0])} at step {int(err[1])}")
         count, hits, hit_bytes, misses, miss_bytes, stored = st
-        demand_bytes = int(sample_bytes[idx].sum())
+        demand_bytes = int(self.sample_bytes[idx].sum())
         result.hit_bytes.append(int(hit_bytes.sum()))
         result.miss_bytes.append(int(miss_bytes.sum()))
         result.stored_bytes.append(int(stored.sum()))
         result.demand_bytes.append(demand_bytes)
         if pol.single_buffer:  # one buffer for all ranks: report the per-rank share
-            result.max_local_batch.append(int(share.max() // P))
-            result.min_local_batch.append(int(share.min() // P))
+            result.max_local_batch.append(int(self.share.max() // self.cfg.world_size))
+            result.min_local_batch.append(int(self.share.min() // self.cfg.world_size))
         else:
             result.max_local_batch.append(int(count.max()))
             result.min_local_batch.append(int(count.min()))
         result.rank_miss_bytes.append(miss_bytes.sum(axis=0))
         if on_epoch is not None:
             lists = (None, None, None, None)
-            if record:
+            if self.record:
                 lists = (load[:n_load], load_ptr, evict[:n_evict], evict_ptr)
-                if groups is not None:  # back to layout block ids
-                    lists = (*expand(lists[0], lists[1], groups.group_ptr, groups.group_blocks),
-                             *expand(lists[2], lists[3], groups.group_ptr, groups.group_blocks))
-            on_epoch(EpochPlan(e, int(order[e]), step0, idx, bounds, rank_of, count, hits, hit_bytes, misses,
-                               miss_bytes, stored, demand_bytes, *lists))
+                if self.groups is not None:  # back to layout block ids
+                    g = self.groups
+                    lists = (*expand(lists[0], lists[1], g.group_ptr, g.group_blocks),
+                             *expand(lists[2], lists[3], g.group_ptr, g.group_blocks))
+            on_epoch(EpochPlan(e, self.source_epoch(e), step0, idx, self.bounds, rank_of, count, hits, hit_bytes,
+                               misses, miss_bytes, stored, demand_bytes, *lists))
         # drop tombstones between epochs
-        if n_res[1] > 0:
-            nk = np.full(tsize, eg.EMPTY, dtype=np.int64)
-            npr = np.zeros(tsize, dtype=np.int64)
-            nus = np.full(tsize, -1, dtype=np.int64)
-            eg.ht_rebuild(keys, prio, used, nk, npr, nus)
-            keys, prio, used = nk, npr, nus
-            n_res[1] = 0
+        if self.n_res[1] > 0:
+            nk = np.full(self.tsize, eg.EMPTY, dtype=np.int64)
+            npr = np.zeros(self.tsize, dtype=np.int64)
+            nus = np.full(self.tsize, -1, dtype=np.int64)
+            eg.ht_rebuild(self.keys, self.prio, self.used, nk, npr, nus)
+            self.keys, self.prio, self.used = nk, npr, nus
+            self.n_res[1] = 0
         window.popleft()
-        if not window and e + 1 < E:
-            window.append(source(e + 1))
-    return result
