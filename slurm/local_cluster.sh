@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
-# A one-machine SLURM cluster (slurmctld + slurmd on localhost, munge for authentication),
-# to run slurm/plan_and_train.sbatch without a real cluster.  Needs root (a container or VM).
+# A one-machine SLURM cluster (slurmctld + slurmd on localhost, a munged of its own for
+# authentication), to run slurm/plan_and_train.sbatch without a real cluster.  Needs root.
 #
 #   slurm/local_cluster.sh install   apt-get install slurm-wlm munge (start does it when missing)
-#   slurm/local_cluster.sh start     write slurm.conf into the state folder, start munged (unless
-#                                    one runs already), slurmctld and slurmd; wait for the node
+#   slurm/local_cluster.sh start     write slurm.conf into the state folder, start a munged of its
+#                                    own (own key and socket), slurmctld and slurmd; wait for the node
 #   slurm/local_cluster.sh env       print the `export SLURM_CONF=...` line for sbatch/squeue/sinfo
 #   slurm/local_cluster.sh status    daemons, node and queue
-#   slurm/local_cluster.sh stop      cancel jobs, stop the daemons it started (by PID), remove the state
+#   slurm/local_cluster.sh stop      cancel jobs, stop the three daemons (by PID), remove the state
 #
 # Environment: SOLAR_SLURM_STATE (state folder, default ${TMPDIR:-/tmp}/solar-slurm-$UID),
 # SOLAR_SLURM_CPUS (default nproc), SOLAR_SLURM_MEMORY (MiB, default 85% of MemTotal),
-# SOLAR_SLURM_CTLD_PORT / SOLAR_SLURM_SLURMD_PORT (6817 / 6818), KEEP_STATE=1 (stop keeps logs).
+# SOLAR_SLURM_CTLD_PORT / SOLAR_SLURM_SLURMD_PORT (6817 / 6818), SOLAR_SLURM_FIRST_JOB_ID
+# (default from the clock), SOLAR_SLURM_OWNER_PID (stop the cluster when that process ends),
+# KEEP_STATE=1 (stop keeps logs).
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -26,20 +28,32 @@ alive() {  # alive PIDFILE: true when the file names a running process
     [[ -s $1 ]] && kill -0 "$(cat "$1")" 2>/dev/null
 }
 
-stop_pid() {  # stop_pid NAME PIDFILE: TERM, wait up to 15 s, then KILL
-    local name=$1 file=$2 pid
-    if ! [[ -s $file ]]; then return 0; fi
-    pid=$(cat "$file")
+stop_process() {  # stop_process NAME PID: TERM, wait up to 15 s, then KILL
+    local name=$1 pid=$2
+    kill -0 "$pid" 2>/dev/null || return 0
+    say "stopping $name (pid $pid)"
+    kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 150); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
     if kill -0 "$pid" 2>/dev/null; then
-        say "stopping $name (pid $pid)"
-        kill -TERM "$pid" 2>/dev/null || true
-        for _ in $(seq 150); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-        if kill -0 "$pid" 2>/dev/null; then
-            say "$name did not stop in 15 s: KILL"
-            kill -KILL "$pid" 2>/dev/null || true
-        fi
+        say "$name did not stop in 15 s: KILL"
+        kill -KILL "$pid" 2>/dev/null || true
     fi
-    rm -f "$file"
+}
+
+stop_pid() {  # stop_pid NAME PIDFILE: stop the process the file names, remove the file
+    if [[ -s $2 ]]; then stop_process "$1" "$(cat "$2")"; fi
+    rm -f "$2"
+}
+
+# where the Debian/Ubuntu packages' own services write their PIDs (never used by this script's daemons)
+SERVICE_PIDFILES=(/run/munge/munged.pid /run/slurmctld.pid /run/slurmd.pid /run/slurm/slurmctld.pid
+                  /run/slurm/slurmd.pid)
+
+live_service_pids() {  # the live PIDs named in SERVICE_PIDFILES, one per line
+    local f
+    for f in "${SERVICE_PIDFILES[@]}"; do
+        if alive "$f"; then cat "$f"; fi
+    done
 }
 
 install() {
@@ -48,34 +62,66 @@ install() {
         return 0
     fi
     [[ $(id -u) == 0 ]] || die "installing needs root: apt-get install -y slurm-wlm munge"
+    command -v apt-get >/dev/null || die "no apt-get: install slurm-wlm (slurmctld, slurmd, client) and munge yourself"
     say "installing slurm-wlm and munge with apt-get"
+    local before pid
+    before=" $(live_service_pids | tr '\n' ' ') "
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends slurm-wlm munge >/dev/null
+    # with systemd, the packages start their services (munged at least): this cluster uses its own
+    # daemons, so the ones the installation started are stopped again
+    for pid in $(live_service_pids); do
+        [[ $before == *" $pid "* ]] || stop_process "$(cat "/proc/$pid/comm" 2>/dev/null || echo daemon) (started by apt-get)" "$pid"
+    done
 }
 
-munge_works() { munge -n 2>/dev/null | unmunge >/dev/null 2>&1; }
+# munged wants every folder above its socket searchable by all users, which a private state folder
+# (a test's temporary folder) need not be: the socket gets a folder of its own under /tmp, named
+# in $STATE/munge.dir
+munge_socket() { echo "$(cat "$STATE/munge.dir")/munge.socket"; }
 
-start_munge() {
-    if munge_works; then
-        say "munged is already running: using it"
-        return 0
-    fi
-    [[ -s /etc/munge/munge.key ]] || die "no /etc/munge/munge.key (reinstall munge, or create one with mungekey)"
-    mkdir -p /run/munge /var/log/munge /var/lib/munge
-    chown munge:munge /run/munge /var/log/munge /var/lib/munge
-    runuser -u munge -- /usr/sbin/munged
+munge_works() { munge -S "$(munge_socket)" -n 2>/dev/null | unmunge -S "$(munge_socket)" >/dev/null 2>&1; }
+
+make_munge_dir() {
+    local dir
+    dir=$(mktemp -d /tmp/solar-munge.XXXXXX) || die "cannot make a folder for munged's socket in /tmp"
+    chmod 755 "$dir"
+    echo "$dir" >"$STATE/munge.dir"
+}
+
+remove_munge_dir() {  # only a folder make_munge_dir made
+    local dir
+    dir=$(cat "$STATE/munge.dir" 2>/dev/null || true)
+    if [[ $dir == /tmp/solar-munge.* ]]; then rm -rf -- "$dir"; fi
+    rm -f "$STATE/munge.dir"
+}
+
+start_munge() {  # a munged of this cluster's own: own key (state folder) and socket
+    (umask 077 && head -c 1024 /dev/urandom >"$STATE/munge.key")
+    munged --socket="$(munge_socket)" --key-file="$STATE/munge.key" --pid-file="$STATE/munged.pid" \
+        --log-file="$STATE/munged.log" --seed-file="$STATE/munged.seed" ||
+        die "munged failed to start (see $STATE/munged.log)"
     for _ in $(seq 50); do munge_works && break; sleep 0.1; done
-    munge_works || die "munged did not start (see /var/log/munge/munged.log)"
-    cp /run/munge/munged.pid "$STATE/munged.pid"  # ours: stop ends it
-    say "started munged (pid $(cat "$STATE/munged.pid"))"
+    munge_works || die "munged does not answer on $(munge_socket) (see $STATE/munged.log)"
+    say "started munged (pid $(cat "$STATE/munged.pid"), socket $(munge_socket))"
+}
+
+watch_owner() {  # watch_owner PID: a watcher that stops this cluster once process PID has ended
+    local owner=$1
+    kill -0 "$owner" 2>/dev/null || die "SOLAR_SLURM_OWNER_PID=$owner is not a running process"
+    SOLAR_SLURM_STATE=$STATE SOLAR_SLURM_WATCHER=1 setsid bash -c \
+        'while kill -0 "$1" 2>/dev/null; do sleep 1; done; exec "$2" stop' watcher "$owner" "$HERE/local_cluster.sh" \
+        </dev/null >>"$STATE/watcher.log" 2>&1 &
+    echo $! >"$STATE/watcher.pid"
+    say "watcher (pid $!) stops the cluster when process $owner ends"
 }
 
 write_conf() {
     local cpus=${SOLAR_SLURM_CPUS:-$(nproc)}
     local mem=${SOLAR_SLURM_MEMORY:-$(awk '/^MemTotal:/ {print int($2 / 1024 * 0.85)}' /proc/meminfo)}
     [[ -f $TEMPLATE ]] || die "no template $TEMPLATE"
-    sed -e "s|@STATE@|$STATE|g" -e "s|@CPUS@|$cpus|g" -e "s|@MEMORY@|$mem|g" \
-        -e "s|@FIRST_JOB_ID@|$(( $(date +%s) % 6000000 * 10 + 10 ))|g" \
+    sed -e "s|@STATE@|$STATE|g" -e "s|@CPUS@|$cpus|g" -e "s|@MEMORY@|$mem|g" -e "s|@MUNGE_SOCKET@|$(munge_socket)|g" \
+        -e "s|@FIRST_JOB_ID@|${SOLAR_SLURM_FIRST_JOB_ID:-$(( $(date +%s) % 6000000 * 10 + 10 ))}|g" \
         -e "s|@CTLD_PORT@|${SOLAR_SLURM_CTLD_PORT:-6817}|g" -e "s|@SLURMD_PORT@|${SOLAR_SLURM_SLURMD_PORT:-6818}|g" \
         "$TEMPLATE" >"$CONF"
     if grep -v "^#" "$CONF" | grep -q "@[A-Z_]*@"; then die "unreplaced place-holders in $CONF"; fi
@@ -96,6 +142,8 @@ start() {
     mkdir -p "$STATE/ctld" "$STATE/slurmd"
     touch "$STATE/.solar-local-cluster"
     chmod 700 "$STATE"
+    if [[ -n ${SOLAR_SLURM_OWNER_PID:-} ]]; then watch_owner "$SOLAR_SLURM_OWNER_PID"; fi
+    make_munge_dir
     write_conf
     start_munge
     export SLURM_CONF=$CONF
@@ -127,7 +175,7 @@ status() {
     for d in slurmctld slurmd munged; do
         if alive "$STATE/$d.pid"; then
             say "$d running (pid $(cat "$STATE/$d.pid"))"; any=1
-        elif [[ $d != munged ]]; then
+        else
             say "$d not running"
         fi
     done
@@ -155,6 +203,8 @@ stop() {
     stop_pid slurmd "$STATE/slurmd.pid"
     stop_pid slurmctld "$STATE/slurmctld.pid"
     stop_pid munged "$STATE/munged.pid"
+    remove_munge_dir
+    if [[ ${SOLAR_SLURM_WATCHER:-0} != 1 ]]; then stop_pid watcher "$STATE/watcher.pid"; fi
     if [[ ${KEEP_STATE:-0} == 1 ]]; then
         say "stopped; state and logs kept in $STATE"
     elif [[ -f $STATE/.solar-local-cluster ]]; then  # only a folder start made
@@ -171,5 +221,5 @@ case "${1:-}" in
     stop) stop ;;
     status) status ;;
     env) print_env ;;
-    *) sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2 ;;
+    *) sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

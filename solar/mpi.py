@@ -7,7 +7,9 @@ waiting in a collective forever.
   the rank and call ``comm.Abort(1)``, as ``python -m mpi4py`` does.  ``SolarLoader``
   installs them while it is open on a communicator of more than one rank;
 * :func:`sleep_barrier` / :func:`root_call` — ranks waiting for rank 0 sleep instead of
-  busy-polling in a blocking collective.
+  busy-polling in a blocking collective;
+* :func:`leader_call` — a check run by rank 0 (or one rank per node) whose failure is raised
+  on every rank.
 """
 from __future__ import annotations
 
@@ -159,3 +161,53 @@ def root_call(comm, fn, root: int = 0):
     if err is not None:
         raise err
     return res
+
+
+def leader_call(comm, fn, per_node: bool = False) -> None:
+    """Run ``fn()`` on one leader while the other ranks sleep-wait: rank 0 of ``comm``, or with
+    ``per_node`` rank 0 of each node (``Split_type(COMM_TYPE_SHARED)``).  An exception on a leader
+    is raised on every rank (the first by rank): a SolarError as its own class and message, any
+    other as a SolarError naming its type and rank.  Collective over ``comm``; no rank is left
+    waiting, whatever ``fn`` raises (short of ending the process).
+    """
+    leader = _node_rank(comm) == 0 if per_node else comm.Get_rank() == 0
+    err = None
+    if leader:
+        try:
+            fn()
+        except Exception as exc:  # noqa: BLE001 - raised on every rank below
+            err = exc
+    sleep_barrier(comm)
+    sent = comm.allgather(None if err is None else _portable(err, comm.Get_rank()))
+    first = next((i for i, p in enumerate(sent) if p is not None), None)
+    if first is None:
+        return
+    if first == comm.Get_rank():
+        raise err
+    raise _rebuild(*sent[first])
+
+
+def _node_rank(comm) -> int:
+    """This process's rank among the ranks of ``comm`` on its node."""
+    from mpi4py import MPI
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return node.Get_rank()
+    finally:
+        node.Free()
+
+
+def _portable(exc: BaseException, rank: int):
+    """``(class, message)`` of ``exc`` that every rank can rebuild (class objects pickle by name)."""
+    from .errors import SolarError
+    if isinstance(exc, SolarError):
+        return type(exc), str(exc)
+    return SolarError, f"{type(exc).__name__} on rank {rank}: {exc}"
+
+
+def _rebuild(cls, message: str) -> BaseException:
+    from .errors import SolarError
+    try:
+        return cls(message)
+    except Exception:  # noqa: BLE001 - a SolarError subclass with another constructor
+        return SolarError(message)

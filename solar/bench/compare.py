@@ -60,7 +60,8 @@ def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float
             d = {k: st[k] - prev.get(k, 0) for k in st}
             prev = st
             per_rank = comm.allgather((secs, samples, d["stall_s"], d["bytes_read"], d["bytes_loaded"], d["hits"],
-                                       d["misses"], d["plan_violations"], d["read_s"], left))
+                                       d["misses"], d["plan_violations"], d["read_s"], left, d.get("opens", 0),
+                                       d.get("evictions", 0)))
             seconds = max(x[0] for x in per_rank)
             total = sum(x[1] for x in per_rank)
             read = sum(x[3] for x in per_rank)
@@ -70,9 +71,14 @@ def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float
                 storage_bytes_per_s=read / seconds if seconds else 0.0,
                 decoded_bytes_loaded=sum(x[4] for x in per_rank), block_hits=sum(x[5] for x in per_rank),
                 block_misses=sum(x[6] for x in per_rank), plan_violations=sum(x[7] for x in per_rank),
-                page_cache_left=largest_left(x[9] for x in per_rank)))
-        out["pool_bytes_per_rank"] = loader.buffer.pools.capacity_bytes if loader.buffer else 0
-        out["buffer_budget_per_rank"] = loader.schedule.buffer_bytes
+                page_cache_left=largest_left(x[9] for x in per_rank), file_opens=sum(x[10] for x in per_rank),
+                file_evictions=sum(x[11] for x in per_rank)))
+        out["pool_bytes_per_rank"] = comm.allreduce(loader.buffer.pools.capacity_bytes if loader.buffer else 0,
+                                                    op=_max())
+        out["buffer_budget_per_rank"] = loader.schedule.buffer_bytes  # the planner's residency budget
+        # the memory the plan needs, of the rank that needs most (solar.buffer.sizing), next to the RSS growth
+        needs = comm.allgather(loader.memory.to_dict())
+        out["memory_need_per_rank"] = max(needs, key=lambda m: m["total"])
         out["rss_growth_bytes_max_rank"] = comm.allreduce(peak_rss - rss0, op=_max())
     finally:
         loader.close()
@@ -200,33 +206,36 @@ def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fra
     allowance = ALLOWANCE_BYTES if memory_allowance is None else int(memory_allowance)
     if allowance < 0:
         raise SolarError(f"memory allowance must be >= 0 bytes, got {memory_allowance!r}")
-    layout = load_layout(spec)
     P = comm.Get_size()
+
+    # 1. the plan: rank 0 builds the layout from the HDF5 metadata and writes the schedule while the others
+    # sleep; every rank then takes the layout from the schedule (no rank but 0 reads HDF5 metadata)
+    def make_plan():
+        lay = load_layout(spec, progress=progress)
+        path = schedule or os.path.join(os.path.dirname(os.path.abspath(lay.files[0])),
+                                        f".solar-bench-P{P}-b{local_batch}-E{epochs}.h5")
+        t0 = time.perf_counter()
+        plan(lay, world_size=P, local_batch=local_batch, epochs=epochs, buffer_fraction=buffer_fraction,
+             buffer_per_rank=buffer_per_rank, seed=seed, out=path, progress=progress).close()
+        return path, time.perf_counter() - t0
+    schedule, plan_s = root_call(comm, make_plan)
+    from ..schedule import Schedule
+    with Schedule.load(schedule) as sch:
+        layout = sch.layout() if sch.has_layout else load_layout(spec)
     paths = list(layout.files)
     drop, how = make_cache_dropper(paths, cache_mode if cold else "none", comm=comm)
     report = {"spec": spec, "world_size": P, "local_batch": local_batch, "epochs": epochs, "seed": seed,
               "step_time_s": step_time, "cache": how, "dataset_file_bytes": sum(os.path.getsize(p) for p in paths),
-              "n_samples": layout.n_samples}
-    # 1. the plan (rank 0 writes it while the others sleep; every rank reads its slice)
-    schedule = schedule or os.path.join(os.path.dirname(os.path.abspath(paths[0])),
-                                        f".solar-bench-P{P}-b{local_batch}-E{epochs}.h5")
-
-    def make_plan():
-        t0 = time.perf_counter()
-        plan(layout, world_size=P, local_batch=local_batch, epochs=epochs, buffer_fraction=buffer_fraction,
-             buffer_per_rank=buffer_per_rank, seed=seed, out=schedule, progress=progress).close()
-        return time.perf_counter() - t0
-    report["plan_s"] = root_call(comm, make_plan)
-    report["schedule"] = schedule
+              "n_samples": layout.n_samples, "plan_s": plan_s, "schedule": schedule}
     # 2. the physical limit, cold (rank 0 alone, the others sleep)
     report["disk"] = root_call(comm, lambda: measure_disk(layout, disk_depth))
     # 3. the memory: unlimited, or one cgroup per node
     node = _node_comm(comm)
     cg = back = None
     try:
-        from ..schedule import Schedule
-        with Schedule.load(schedule) as sch:
-            budget = int(sch.buffer_bytes)
+        from ..buffer.sizing import schedule_memory
+        with Schedule.load(schedule) as sch:  # the memory solar may use per rank: what the baselines get too
+            budget = int(schedule_memory(sch, comm.rank, layout, prefetch=prefetch).limit)
         if equal_memory:
             cg, back = _enter_cgroup(comm, _limit(node, budget, allowance), node)
             report["memory_limit_bytes"] = cg.limit_bytes
@@ -328,6 +337,14 @@ def format_report(r: dict) -> str:
         lines.append(f"solar: reader {s['reader']}, buffer {human_bytes(s['buffer_budget_per_rank'])} per rank "
                      f"(pools {human_bytes(s['pool_bytes_per_rank'])}), RSS growth {human_bytes(s['rss_growth_bytes_max_rank'])}"
                      f" on the largest rank")
+        if "memory_need_per_rank" in s:
+            from ..buffer.sizing import MemoryNeed, format_memory
+            m = s["memory_need_per_rank"]
+            need = MemoryNeed(**{k: m[k] for k in ("resident", "staging", "batches", "bookkeeping", "limit",
+                                                   "prefetch")})
+            lines.append(f"solar memory per rank: {format_memory(need)}; RSS growth "
+                         f"{human_bytes(s['rss_growth_bytes_max_rank'])} against that + "
+                         f"{human_bytes(m['fixed_overhead'])} fixed overhead")
     for kind, b in r.get("baselines", {}).items():
         if "skipped" in b:
             lines.append(f"baseline {kind}: skipped ({b['skipped']})")

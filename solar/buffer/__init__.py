@@ -2,11 +2,11 @@
 
 :class:`BufferManager` consumes a rank's slice of the schedule and a reader; its
 memory is a set of preallocated slot pools (:mod:`solar.buffer.pool`) sized by
-replaying the plan (:mod:`solar.buffer.sizing`).
+replaying the plan, within the memory the plan was made for (:mod:`solar.buffer.sizing`).
 """
-from .manager import BufferError, BufferManager, BufferTotals, StepBlocks, StepStats
+from .manager import BufferError, BufferManager, BufferTotals, StepBlocks, StepStats, rank_memory
 from .pool import SlotPools
-from .sizing import size_classes, slots_needed
+from .sizing import DEFAULT_PREFETCH, FIXED_OVERHEAD, MemoryNeed, batch_bytes, size_classes, slots_needed
 
-__all__ = ["BufferManager", "BufferError", "BufferTotals", "StepBlocks", "StepStats", "SlotPools", "size_classes",
-           "slots_needed"]
+__all__ = ["BufferManager", "BufferError", "BufferTotals", "DEFAULT_PREFETCH", "FIXED_OVERHEAD", "MemoryNeed",
+           "StepBlocks", "StepStats", "SlotPools", "batch_bytes", "rank_memory", "size_classes", "slots_needed"]

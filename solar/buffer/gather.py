@@ -15,6 +15,8 @@ differ in shape (``whole`` over uneven files), datasets with more than ``MAX_DIM
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import njit, types
 from numba.core import cgutils
@@ -55,7 +57,7 @@ class GatherTables:
         D, S, K = len(layout.datasets), len(layout.sources), len(layout.field_names)
         A = MAX_DIMS
         self.ok, self.why = True, ""
-        shapes = {tuple(sorted(layout.field_shapes(int(layout.source_start[i])).items())) for i in range(S)}
+        shapes = {tuple(sorted(shp.items())) for _, shp, _ in layout.sample_shape_groups()}
         self.uniform = len(shapes) <= 1
         if not self.uniform:
             self.ok, self.why = False, "samples differ in shape"
@@ -74,15 +76,26 @@ class GatherTables:
         self.ds_block_start = np.asarray(layout.dataset_block_start, np.int64)
         if not self.ok:
             return
+        # datasets of many files share a few (shape, block shape, dtype): one row of tables per kind
+        kinds: dict = {}
+        kind_of = np.empty(D, np.int64)
         for d, info in enumerate(layout.datasets):
-            nd = len(info.shape)
-            bs = layout.block_shapes[d]
-            g = chunk_grid(info.shape, bs)
-            self.ds_ndim[d], self.itemsize[d] = nd, np.dtype(info.dtype).itemsize
-            self.ds_shape[d, :nd], self.blk_shape[d, :nd], self.grid[d, :nd] = info.shape, bs, g
+            kind_of[d] = kinds.setdefault((tuple(info.shape), tuple(layout.block_shapes[d]), str(info.dtype)),
+                                          len(kinds))
+        rows = [np.zeros((len(kinds), A), np.int64) for _ in range(5)]  # shape, blk, grid, grid_div, stride
+        nd_k, item_k = np.zeros(len(kinds), np.int64), np.zeros(len(kinds), np.int64)
+        for (shape, bs, dtype), k in kinds.items():
+            nd, g = len(shape), chunk_grid(shape, bs)
+            nd_k[k], item_k[k] = nd, np.dtype(dtype).itemsize
+            rows[0][k, :nd], rows[1][k, :nd], rows[2][k, :nd] = shape, bs, g
+            rows[0][k, nd:] = rows[1][k, nd:] = rows[2][k, nd:] = 1
             for a in range(nd):
-                self.grid_div[d, a] = int(np.prod(g[a + 1:], dtype=np.int64))
-                self.blk_stride[d, a] = int(np.prod(bs[a + 1:], dtype=np.int64)) * self.itemsize[d]
+                rows[3][k, a] = math.prod(int(v) for v in g[a + 1:])
+                rows[4][k, a] = math.prod(int(v) for v in bs[a + 1:]) * int(item_k[k])
+            rows[3][k, nd:] = 1
+        if D:
+            self.ds_ndim, self.itemsize = nd_k[kind_of], item_k[kind_of]  # int64[D]
+            self.ds_shape, self.blk_shape, self.grid, self.grid_div, self.blk_stride = (r[kind_of] for r in rows)
         self.src_ds = np.zeros((S, K), np.int64)
         self.roles = np.zeros((S, K, A), np.int64)
         self.src_kind = np.zeros(S, np.int64)

@@ -11,8 +11,10 @@ the step's blocks are resident::
 ``lookup`` is a :class:`StepBlocks`: it also gives the step's blocks and their slots as
 arrays, for assembly in one call per field (:mod:`solar.buffer.gather`).
 
-Memory: the slot pools (sized by replaying the plan: at most the budget when all
-blocks have one size) plus ``prefetch`` assembled batches waiting in the queue.
+Memory (:mod:`solar.buffer.sizing`): the slot pools (the plan's residency, plus slots for
+reads in flight as far as the limit allows), ``prefetch`` assembled batches waiting in the
+queue and the one the training loop holds, and the per-block bookkeeping; checked against the
+memory the plan was made for before the prefetch thread starts.
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ import numpy as np
 
 from ..errors import SolarError
 from .pool import SlotPools
-from .sizing import size_classes, slots_needed
+from .sizing import bookkeeping_bytes, memory_need
 
 
 class BufferError(SolarError):
@@ -88,6 +90,11 @@ class BufferManager:
     result is handed out once.  Starting after step 0 first loads what the plan
     holds resident at ``start`` (resume).  ``keep_step_stats``: how many of the latest
     steps' :class:`StepStats` ``totals.per_step`` keeps (0: none); the totals are exact.
+
+    ``budget``: the plan's residency budget (``Schedule.buffer_bytes``); ``batch_bytes``: bytes of
+    one assembled batch (:func:`~solar.buffer.sizing.batch_bytes`; 0 when ``assemble`` makes
+    nothing sizeable).  ``memory`` (a :class:`~solar.buffer.sizing.MemoryNeed`) is what the rank
+    needs; when it exceeds the memory the plan was made for, the constructor raises :class:`BufferError` naming the figures, before anything is read.
     """
 
     KEEP_STEP_STATS = 1024  # ~376 B each
@@ -95,7 +102,7 @@ class BufferManager:
     def __init__(self, rank_plan, demand: Dict[str, np.ndarray], reader, assemble: Callable[..., Any], *,
                  budget: int, prefetch: int = 2, start: int = 0, stop: Optional[int] = None,
                  keep_step_stats: int = KEEP_STEP_STATS, verify: bool = True, fence: Optional[int] = None,
-                 io_depth: int = 4):
+                 io_depth: int = 4, batch_bytes: int = 0):
         if prefetch < 1:
             raise BufferError(f"prefetch must be >= 1 step, got {prefetch}")
         self.plan, self.reader, self.assemble = rank_plan, reader, assemble
@@ -112,10 +119,9 @@ class BufferManager:
         self.budget = int(budget)
         # steps whose reads may be in flight at once (collective readers: one call per step, in order)
         self.io_depth = 1 if getattr(reader, "collective", False) else max(1, int(io_depth))
-        self.class_of, class_bytes = size_classes(self.block_nbytes)
-        slots = slots_needed(self.class_of, class_bytes.shape[0], np.asarray(rank_plan.load, np.int64),
-                             rank_plan.load_ptr, np.asarray(rank_plan.evict, np.int64), rank_plan.evict_ptr,
-                             window=self.io_depth - 1)
+        self.memory, slots, self.class_of, class_bytes = rank_memory(
+            rank_plan, demand, budget=self.budget, batch_bytes=batch_bytes, prefetch=self.prefetch,
+            io_depth=self.io_depth)
         self.pools = SlotPools(class_bytes, slots)
         self.slot_of = np.full(self.block_nbytes.shape[0], -1, dtype=np.int64)
         self.totals = BufferTotals(per_step=deque(maxlen=keep_step_stats))
@@ -215,7 +221,8 @@ class BufferManager:
             with self._cv:
                 self._error = exc if isinstance(exc, SolarError) else BufferError(
                     f"prefetch of rank {self.plan.rank} failed: {type(exc).__name__}: {exc}")
-                self._error.__cause__ = exc
+                if self._error is not exc:  # a SolarError keeps its own cause
+                    self._error.__cause__ = exc
                 self._cv.notify_all()
         finally:
             io.shutdown(wait=True)
@@ -270,7 +277,7 @@ class BufferManager:
             b = int(load[self.slot_of[load] >= 0][0])
             raise BufferError(f"step {g}: the plan loads block {b}, which is already resident (damaged plan?)")
         _check_distinct(g, load, "loads")
-        while True:  # slots are sized for io_depth steps in flight; finishing one always frees enough
+        while True:  # pools full: finish in-flight steps (their held slots come free); none left: it fits
             try:
                 views = self._alloc(load)
                 break
@@ -312,6 +319,38 @@ class BufferManager:
         with self._cv:
             self._ready[g], self._stats[g] = out, st
             self._cv.notify_all()
+
+
+def rank_memory(rank_plan, demand: Dict[str, np.ndarray], *, budget: int, batch_bytes: int, prefetch: int,
+                io_depth: int):
+    """``(MemoryNeed, slots int64[C], class_of int32[B], class_bytes int64[C])`` of a rank running
+    ``rank_plan`` (:func:`solar.buffer.sizing.memory_need`); BufferError if it is over the limit."""
+    keep = bookkeeping_bytes(np.shape(demand["sample_ptr"])[0] - 1, np.shape(demand["block_nbytes"])[0],
+                             np.shape(demand["sample_blocks"])[0])
+    out = memory_need(rank_plan, np.asarray(demand["block_nbytes"], np.int64), residency_budget=int(budget),
+                      batch=int(batch_bytes), bookkeeping=keep, prefetch=int(prefetch), io_depth=int(io_depth))
+    _check_memory(out[0], rank_plan.rank)
+    return out
+
+
+def _check_memory(need, rank: int) -> None:
+    """BufferError when rank ``rank``'s :class:`~solar.buffer.sizing.MemoryNeed` is over its limit:
+    the figures, and the largest ``prefetch`` that fits (if any)."""
+    if need.fits:
+        return
+    from ..layout.summary import human_bytes as hb
+    fix = "re-plan with a smaller budget per rank (the residency is planned within it)"
+    if need.batches:
+        per = need.batches // (need.prefetch + 1)
+        best = (need.limit - need.resident - need.bookkeeping) // per - 1 if per else 0
+        if 1 <= best < need.prefetch:
+            fix = f"lower prefetch to {best} (each queued batch is {hb(per)})"
+        else:
+            fix = f"lower the local batch or prefetch (each queued batch is {hb(per)}), or {fix}"
+    raise BufferError(
+        f"rank {rank} needs {hb(need.total)}: pools {hb(need.resident)} for the plan's resident blocks, "
+        f"{need.prefetch} + 1 batches {hb(need.batches)}, bookkeeping {hb(need.bookkeeping)}; the plan was "
+        f"made for {hb(need.limit)} per rank: {fix}")
 
 
 def _check_distinct(g: int, blocks: np.ndarray, verb: str) -> None:

@@ -78,7 +78,12 @@ def _baselines(text: str) -> tuple:
 
 
 def run(args) -> int:
-    from mpi4py import MPI
+    try:
+        from mpi4py import MPI
+    except ImportError as exc:  # mpi4py is an optional extra
+        from ..errors import SolarError
+        raise SolarError(f"solar bench runs under mpiexec and needs mpi4py ({exc}): "
+                         "pip install 'solar-hdf5[mpi]'") from None
 
     from ..bench.compare import bench, format_report
     from ..mpi import abort_on_error

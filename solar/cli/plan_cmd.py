@@ -16,6 +16,7 @@ predicted hits.  Each rank of the training job reads only its own slice.
 examples:
   solar plan data/ptychonn --world-size 2 --local-batch 32 --epochs 10 --buffer-fraction 0.5 -o plan.h5
   solar plan data/well/solar-layout.json -P 64 -b 4 --epochs 100 --buffer-per-rank 2GiB --seed 7 -o well.h5
+  solar plan data/well --split valid --fields t0_fields/density -P 2 -b 4 --epochs 1 --buffer-fraction 0.5
   solar inspect plan.h5
 """
 
@@ -37,6 +38,8 @@ def add_parser(sub):
                    help="allowed per-rank batch imbalance (0: every rank gets exactly b samples)")
     p.add_argument("--policy", default="solar", choices=[k for k, v in POLICIES.items() if not v.single_buffer],
                    help="planning policy (default solar)")
+    p.add_argument("--split", help="plan this split of a spec that names splits (default: its train or first split)")
+    p.add_argument("--fields", help="plan only these fields, comma-separated (default: all the spec's fields)")
     p.add_argument("-o", "--output", default="plan.h5", help="schedule file to write (default plan.h5)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(run=run)
@@ -49,7 +52,7 @@ def run(args) -> int:
     s = plan(args.spec, world_size=args.world_size, local_batch=args.local_batch, epochs=args.epochs,
              buffer_per_rank=args.buffer_per_rank, buffer_fraction=args.buffer_fraction, seed=args.seed,
              drop_last=args.drop_last, epsilon=args.epsilon, policy=args.policy, out=args.output,
-             progress=sys.stderr.isatty())
+             progress=sys.stderr.isatty(), split=args.split, fields=args.fields)
     summary = s.summary()
     s.close()
     print(json.dumps(summary, indent=2) if args.json else format_schedule(summary))

@@ -95,6 +95,7 @@ WELL_NAME = "turbulent_radiative_layer_2D"  # dataset folder and ``dataset_name`
 WELL_FILE_PREFIX = "turbulent_radiative_layer"  # the real files drop the "_2D": ..._tcool_0.10.hdf5
 WELL_PARAMS = (0.03, 0.1)  # tcool values (2 of the real set's 9): one file per value in each split
 WELL_FIELDS = ("t0_fields/density", "t0_fields/pressure", "t1_fields/velocity")
+WELL_SPLITS = ("train", "valid", "test")  # data/<split>/; the spec names all three (train by default)
 WELL_STATS = "stats.yaml"  # next to data/, as The Well ships it; from the train split
 WELL_STAT_KEYS = ("mean", "mean_delta", "rms", "rms_delta", "std", "std_delta")
 
@@ -278,7 +279,8 @@ def _write_well_file(path: str, n_traj: int, T: int, nx: int, ny: int, tcool: fl
 
 def gen_well(outdir: str, cfg: GenConfig) -> LayoutSpec:
     """The Well: ``{name}/data/{train,valid,test}/turbulent_radiative_layer_tcool_{p:.2f}.hdf5``,
-    one file per parameter, and ``{name}/stats.yaml`` computed over the train split.
+    one file per parameter, and ``{name}/stats.yaml`` computed over the train split.  The spec
+    names the three splits (``solar plan --split valid``); it describes ``train`` by default.
 
     ``samples`` = trajectories per train file (valid/test get a quarter, at least 1);
     ``steps`` = frames per trajectory, at least 2 (the statistics include frame differences).
@@ -292,7 +294,7 @@ def gen_well(outdir: str, cfg: GenConfig) -> LayoutSpec:
     st = _storage(cfg, Storage())
     n_small = max(1, n_traj // 4)
     jobs = []
-    for split, nt in (("train", n_traj), ("valid", n_small), ("test", n_small)):
+    for split, nt in zip(WELL_SPLITS, (n_traj, n_small, n_small)):
         folder = os.path.join(outdir, WELL_NAME, "data", split)
         _makedirs(folder)
         for tcool in WELL_PARAMS:
@@ -303,8 +305,9 @@ def gen_well(outdir: str, cfg: GenConfig) -> LayoutSpec:
             _write_well_file(path, nt, T, nx, ny, tcool, st, cfg.seed, key, bar, stats if train else None)
     text = well_stats_yaml(stats.table())
     write_atomic(os.path.join(outdir, WELL_NAME, WELL_STATS), lambda tmp: _write_text(tmp, text))
-    spec = LayoutSpec("windows", (f"{WELL_NAME}/data/train/*.hdf5",), WELL_FIELDS, root=outdir,
-                      n_steps_input=4, n_steps_output=1, dt=1, name="well")
+    splits = {split: (f"{WELL_NAME}/data/{split}/*.hdf5",) for split in WELL_SPLITS}
+    spec = LayoutSpec("windows", (), WELL_FIELDS, root=outdir, n_steps_input=4, n_steps_output=1, dt=1,
+                      name="well", splits=splits)
     _save_spec(spec, outdir)
     return spec
 

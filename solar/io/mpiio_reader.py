@@ -2,7 +2,11 @@
 
 Every file of the layout is opened once, collectively, at construction
 (``MPI.File.Open(comm, path, MODE_RDONLY)``), so constructing and closing the
-reader are collective over ``comm`` (``None`` means ``MPI.COMM_SELF``).
+reader are collective over ``comm`` (``None`` means ``MPI.COMM_SELF``).  A
+layout of more files than the open-file budget (the smallest over the ranks of
+:func:`~solar.io.fdcache.open_file_budget`, from ``ulimit -n``; option
+``max_open``) is refused at construction with a SpecError pointing to the
+``pread`` reader, which reopens files on demand.
 
 ``collective=True`` (default): :meth:`read_blocks` is collective.  Each call
 first agrees, with one ``Allreduce(MAX)`` over an int32[n_files] array, on how
@@ -17,7 +21,8 @@ collective calls per step.
 
 A read that comes back short or fails (``MPI.Exception``) is retried for its
 missing bytes with independent ``Read_at`` calls (a collective read's on a
-per-rank ``COMM_SELF`` handle, so the other ranks are not involved), up to
+per-rank ``COMM_SELF`` handle, opened on demand, at most :data:`RETRY_HANDLES` kept open,
+so the other ranks are not involved), up to
 ``READ_RETRIES`` times with a short backoff; then the step fails with a
 DecodeError naming file, dataset, chunk and byte range.
 
@@ -43,22 +48,26 @@ from .block_plan import (
     short_read_error,
 )
 from .coalesce import CoalescePolicy
+from .fdcache import FileCache
 from .pread_reader import READ_RETRIES, RETRY_BACKOFF_S
-from .reader import BlockReader, ReadStats, mpi4py_missing, register
+from .reader import BlockReader, ReadStats, check_file_budget, mpi4py_missing, register
 
 _INT_MAX = 2**31 - 1
+RETRY_HANDLES = 4
+"""``COMM_SELF`` handles for retries kept open at once (least recently used closed first)."""
 
 
 @register
 class MpiioReader(BlockReader):
-    """MPI-IO; options ``collective``, ``coalesce``, ``max_gap``, ``max_read``, ``max_call_bytes``."""
+    """MPI-IO; options ``collective``, ``coalesce``, ``max_gap``, ``max_read``, ``max_call_bytes``,
+    ``max_open`` (the most files it may open at once; None: from ``ulimit -n``)."""
 
     name = "mpiio"
     threaded = True
     collective = True  # the default; an instance built with collective=False overrides it
     needs_raw = True
     OPTIONS: ClassVar[dict] = {"collective": True, "coalesce": True, "max_gap": CoalescePolicy.max_gap,
-                               "max_read": CoalescePolicy.max_read, "max_call_bytes": 1 << 30}
+                               "max_read": CoalescePolicy.max_read, "max_call_bytes": 1 << 30, "max_open": None}
 
     @classmethod
     def available(cls):
@@ -78,13 +87,15 @@ class MpiioReader(BlockReader):
         self.collective = o["collective"]
         self.policy = CoalescePolicy(o["max_gap"], o["max_read"], o["coalesce"])
         self.max_call_bytes = mcb
+        check_file_budget(layout, self.name, self._budget(MPI, comm, o["max_open"]))
         # a communicator of our own: the reads' collectives run in the prefetch thread while the training
         # loop may run its own collectives (allreduce of gradients) on ``comm``; on one communicator the two
         # could match each other across ranks (wrong results, or a hang)
         self.comm = (comm if comm is not None else MPI.COMM_SELF).Dup()
         self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="solar-mpiio")
         self._fh = []
-        self._self_fh = {}  # file index -> COMM_SELF handle for retries (opened on first need)
+        # file index -> COMM_SELF handle for retries (opened on first need)
+        self._self_fh = FileCache(self._open_self, lambda fh: fh.Close(), RETRY_HANDLES)
         try:
             for p in layout.files:
                 self._fh.append(MPI.File.Open(self.comm, p, MPI.MODE_RDONLY))
@@ -96,18 +107,36 @@ class MpiioReader(BlockReader):
         # the file, so ranges are checked against the sizes the files had when opened.
         self._sizes = [fh.Get_size() for fh in self._fh]
 
+    @staticmethod
+    def _budget(MPI, comm, max_open) -> int:
+        """The files a rank may open: ``max_open`` or the open-file budget, the smallest over ``comm``'s
+        ranks (collective), so every rank refuses or accepts the layout alike."""
+        from .pread_reader import max_open_option
+        mine = max_open_option(max_open, "mpiio")
+        return mine if comm is None else comm.allreduce(mine, op=MPI.MIN)
+
     def _close_files(self):
-        for fh in [*self._fh, *self._self_fh.values()]:
+        for fh in self._fh:
             fh.Close()
-        self._fh, self._self_fh = [], {}
+        self._fh = []
+        self._self_fh.close_all()
+
+    def _open_self(self, f: int):
+        """This rank's own handle on file ``f`` (``COMM_SELF``), for independent retries."""
+        MPI = self._MPI
+        return MPI.File.Open(MPI.COMM_SELF, self.layout.files[f], MPI.MODE_RDONLY)
 
     def _retry_handle(self, f: int):
-        """This rank's own handle on file ``f`` (``COMM_SELF``), for independent retries."""
-        fh = self._self_fh.get(f)
-        if fh is None:
-            MPI = self._MPI
-            fh = self._self_fh[f] = MPI.File.Open(MPI.COMM_SELF, self.layout.files[f], MPI.MODE_RDONLY)
+        """This rank's own handle on file ``f``, for independent retries.  Not pinned: only the thread
+        calling ``read_blocks`` uses these handles, and it evicts one only in a later call."""
+        fh = self._self_fh.acquire(f)
+        self._self_fh.release(f)
         return fh
+
+    def open_stats(self) -> dict:
+        n = len(self._fh)
+        st = self._self_fh.stats()
+        return {"opens": n + st["opens"], "evictions": st["evictions"], "max_open": n + RETRY_HANDLES}
 
     def _read_at_full(self, fh, start: int, buf: np.ndarray, bl, where: int) -> int:
         """``Read_at`` file bytes ``[start, start + len(buf))`` into ``buf`` until full, retrying a short

@@ -1,7 +1,12 @@
 """The ``pread`` reader: coalesced positional reads in a thread pool, decoding outside HDF5.
 
 One ``O_RDONLY`` descriptor per file, opened on first use and shared by the
-threads (``preadv`` carries its own offset).  Each coalesced range is one
+threads (``preadv`` carries its own offset).  At most ``max_open`` files are open
+at once (default :func:`~solar.io.fdcache.open_file_budget`, from ``ulimit -n``): a
+:class:`~solar.io.fdcache.FileCache` closes the least recently used idle file and
+reopens it when it is read again; a descriptor is pinned only for the ``preadv``
+of one range, so a worker thread holds one descriptor at a time.  ``opens`` and
+``evictions`` (:meth:`PreadReader.open_stats`) count what that cost.  Each coalesced range is one
 scatter ``preadv``: the bytes of blocks that need no decoding go straight into
 the caller's arrays; compressed blocks and gaps go to a per-thread scratch
 buffer, and compressed blocks are decoded from there straight into the caller's
@@ -19,7 +24,9 @@ pages around each range read (rounded out to ``DROP_ALIGN``: the kernel drops on
 page-cache folios wholly inside the advised range, and folios reach 2 MiB; with 4 KiB
 rounding ~20% of a file stayed cached after 3 epochs), so a block held in the buffer
 is not kept a second time by the page cache.  Cached neighbours go too.  The calls are
-made in one GIL-free loop (:func:`~solar.io.kernels.fadvise_ranges`), merged per file.  With
+made in one GIL-free loop (:func:`~solar.io.kernels.fadvise_ranges`), merged per file, for
+the files still open at the end of the call (a file closed during the call to stay within
+``max_open`` keeps its pages: advice only, nothing read depends on it).  With
 ``readahead=False`` (default) each file is opened with ``POSIX_FADV_RANDOM``: the
 kernel does not read ahead of the (random, planned) block reads.
 """
@@ -32,6 +39,8 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
+from contextlib import contextmanager
+from functools import partial
 from typing import ClassVar, NamedTuple
 
 import numpy as np
@@ -46,6 +55,7 @@ from .block_plan import (
     short_read_error,
 )
 from .coalesce import CoalescePolicy
+from .fdcache import FileCache, open_file_budget
 from .kernels import fadvise_ranges
 from .reader import BlockReader, ReadStats, register
 
@@ -61,14 +71,14 @@ DROP_ALIGN = 2 << 20
 class _ReadPlan(NamedTuple):
     """A call's coalesced reads as arrays (R ranges over all files, m blocks sorted by range, offset).
 
-    ``fd``/``start``/``length`` int64[R]: the file and bytes of range r; its blocks are
+    ``file``/``start``/``length`` int64[R]: the file (index into ``Layout.files``) and bytes of range r; its blocks are
     ``ptr[r]:ptr[r+1]`` (int64[R+1]) of ``pos`` (int64[m], positions into the request),
     ``rel`` (int64[m], offset inside the range), ``stored`` (int64[m]) and ``direct``
     (bool[m], stored bytes = decoded bytes); ``whole`` (bool[R]): the range is exactly one
     direct block (read straight into the caller's array, nothing else to do).
     """
 
-    fd: np.ndarray
+    file: np.ndarray
     start: np.ndarray
     length: np.ndarray
     ptr: np.ndarray
@@ -122,11 +132,36 @@ def preadv_full(fd: int, buffers: list, offset: int, *, retries: int = READ_RETR
     return done, calls
 
 
+def open_fd(files, readahead: bool, file: int) -> int:
+    """A new read-only descriptor of ``files[file]`` (``POSIX_FADV_RANDOM`` unless ``readahead``);
+    DecodeError if it cannot be opened, except EMFILE/ENFILE (OSError: the file cache handles those)."""
+    path = files[file]
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        if exc.errno in (errno.EMFILE, errno.ENFILE):
+            raise
+        raise DecodeError(f"cannot open {path}: {exc.strerror}") from None
+    if not readahead:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+    return fd
+
+
+def max_open_option(value, reader: str) -> int:
+    """The ``max_open`` option checked: an integer >= 1, or None for :func:`open_file_budget`."""
+    if value is None:
+        return open_file_budget()
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise SpecError(f"reader {reader!r} option max_open must be an integer >= 1 or None, got {value!r}")
+    return int(value)
+
+
 @register
 class PreadReader(BlockReader):
     """``os.preadv`` in a thread pool; options ``coalesce``, ``max_gap``, ``max_read`` (bytes),
-    ``drop_cache`` (drop what was read from the page cache) and ``readahead`` (keep the
-    kernel's read-ahead; default off: ``POSIX_FADV_RANDOM``), see the module notes.
+    ``drop_cache`` (drop what was read from the page cache), ``readahead`` (keep the
+    kernel's read-ahead; default off: ``POSIX_FADV_RANDOM``) and ``max_open`` (files open
+    at once; None: from ``ulimit -n``), see the module notes.
 
     ``threads=1`` reads in the calling thread (no pool).  Safe to use after a
     fork: the child opens its own descriptors and pool on first use.
@@ -137,7 +172,8 @@ class PreadReader(BlockReader):
     collective = False
     needs_raw = True
     OPTIONS: ClassVar[dict] = {"coalesce": True, "max_gap": CoalescePolicy.max_gap,
-                               "max_read": CoalescePolicy.max_read, "drop_cache": True, "readahead": False}
+                               "max_read": CoalescePolicy.max_read, "drop_cache": True, "readahead": False,
+                               "max_open": None}
 
     @classmethod
     def available(cls):
@@ -154,7 +190,9 @@ class PreadReader(BlockReader):
                 raise SpecError(f"reader 'pread' option {name} must be True or False, got {o[name]!r}")
         self.drop_cache = o["drop_cache"] and hasattr(os, "posix_fadvise")
         self.readahead = o["readahead"] or not hasattr(os, "posix_fadvise")
-        self._fds = {}
+        # the opener holds no reference to the reader (no cycle: a dropped reader is freed at once)
+        self._files = FileCache(partial(open_fd, layout.files, self.readahead), os.close,
+                                max_open_option(o["max_open"], self.name))
         self._pool = None
         self._pid = os.getpid()
         self._local = threading.local()
@@ -163,22 +201,25 @@ class PreadReader(BlockReader):
     def _fork_check(self):
         """After a fork, the pool's threads do not exist in the child: start afresh."""
         if os.getpid() != self._pid:
-            for fd in self._fds.values():
+            for fd in self._files.forget():
                 os.close(fd)  # the child's copies; the parent's stay open
-            self._fds, self._pool, self._pid = {}, None, os.getpid()
+            self._pool, self._pid = None, os.getpid()
 
-    def _fd(self, file: int) -> int:
-        fd = self._fds.get(file)
-        if fd is None:
-            path = self.layout.files[file]
-            try:
-                fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-            except OSError as exc:
-                raise DecodeError(f"cannot open {path}: {exc.strerror}") from None
-            if not self.readahead:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
-            self._fds[file] = fd
-        return fd
+    @contextmanager
+    def _fd(self, file: int):
+        """The descriptor of file ``file``, pinned open for the ``with`` body."""
+        try:
+            fd = self._files.acquire(file)
+        except OSError as exc:  # EMFILE/ENFILE with no idle file of ours left to close
+            raise DecodeError(f"cannot open {self.layout.files[file]}: {exc.strerror} (this reader holds "
+                              f"{len(self._files)} files open; raise 'ulimit -n' or lower max_open)") from None
+        try:
+            yield fd
+        finally:
+            self._files.release(file)
+
+    def open_stats(self) -> dict:
+        return self._files.stats()
 
     def _scratch(self, nbytes: int) -> memoryview:
         buf = getattr(self._local, "buf", None)
@@ -191,9 +232,9 @@ class PreadReader(BlockReader):
             self._pool.shutdown(wait=True)
         self._pool = None
         if os.getpid() == self._pid:
-            for fd in self._fds.values():
-                os.close(fd)
-        self._fds = {}
+            self._files.close_all()
+        else:
+            self._files.forget()  # the parent's descriptors: its own reader closes them
         super().close()
 
     # ----------------------------------------------------------------- read
@@ -220,18 +261,34 @@ class PreadReader(BlockReader):
         if failed:
             raise failed[0]
         if self.drop_cache:  # the bytes are in the caller's arrays: the page cache need not keep them
-            fadvise_ranges(plan.fd, plan.start, plan.length, os.POSIX_FADV_DONTNEED, DROP_ALIGN)
+            self._drop(plan)
         stats.n_reads = R
         return stats
+
+    def _drop(self, plan: _ReadPlan) -> None:
+        """``POSIX_FADV_DONTNEED`` over the plan's ranges of the files still open (none is reopened)."""
+        files = np.unique(plan.file).tolist()
+        fds = {f: self._files.pin_if_open(f) for f in files}
+        try:
+            lut = np.full(int(plan.file.max()) + 1, -1, np.int64)
+            for f, fd in fds.items():
+                lut[f] = -1 if fd is None else fd
+            fd_of = lut[plan.file]
+            keep = fd_of >= 0
+            fadvise_ranges(fd_of[keep], plan.start[keep], plan.length[keep], os.POSIX_FADV_DONTNEED, DROP_ALIGN)
+        finally:
+            for f, fd in fds.items():
+                if fd is not None:
+                    self._files.release(f)
 
     def _plan(self, blocks: np.ndarray, plans) -> _ReadPlan:
         """The per-file coalesced reads of ``plan_reads`` as one :class:`_ReadPlan`."""
         lay = self.layout
-        fd, start, length, counts, pos, rel = [], [], [], [], [], []
+        file, start, length, counts, pos, rel = [], [], [], [], [], []
         for fp in plans:
             rng = fp.ranges
             order = np.lexsort((rng.offset_in_range, rng.range_of))
-            fd.append(np.full(rng.n_ranges, self._fd(fp.file), np.int64))
+            file.append(np.full(rng.n_ranges, fp.file, np.int64))
             start.append(rng.starts)
             length.append(rng.lengths)
             counts.append(np.bincount(rng.range_of, minlength=rng.n_ranges))
@@ -248,7 +305,7 @@ class PreadReader(BlockReader):
         length = np.concatenate(length)
         first = ptr[:-1]  # every range has at least one block
         whole = (np.diff(ptr) == 1) & direct[first] & (stored[first] == length)
-        return _ReadPlan(np.concatenate(fd), np.concatenate(start), length, ptr, pos, np.concatenate(rel), stored,
+        return _ReadPlan(np.concatenate(file), np.concatenate(start), length, ptr, pos, np.concatenate(rel), stored,
                          direct, whole)
 
     def _work(self, plan: _ReadPlan, blocks, out, counter, failed: list) -> None:
@@ -266,10 +323,10 @@ class PreadReader(BlockReader):
     def _read_range(self, plan: _ReadPlan, r: int, blocks, out) -> None:
         """One scatter preadv for range ``r``, then decode its compressed blocks into ``out``."""
         lay = self.layout
-        fd, start, length = int(plan.fd[r]), int(plan.start[r]), int(plan.length[r])
+        file, start, length = int(plan.file[r]), int(plan.start[r]), int(plan.length[r])
         a, b = int(plan.ptr[r]), int(plan.ptr[r + 1])
         if plan.whole[r]:
-            self._preadv(fd, [out[int(plan.pos[a])]], start, length, blocks[plan.pos[a:b]], plan.rel[a:b])
+            self._preadv(file, [out[int(plan.pos[a])]], start, length, blocks[plan.pos[a:b]], plan.rel[a:b])
             return
         pos, rel, stored, direct = plan.pos[a:b], plan.rel[a:b], plan.stored[a:b], plan.direct[a:b]
         rel_end = rel + stored
@@ -285,16 +342,18 @@ class PreadReader(BlockReader):
                     iov.append(scratch[cur:lo])
                 iov.append(out[int(pos[k])] if direct[k] else scratch[lo:hi])
                 cur = hi
-        self._preadv(fd, iov, start, length, blocks[pos], rel)
+        self._preadv(file, iov, start, length, blocks[pos], rel)
         for k in np.flatnonzero(~direct | overlap).tolist():
             lo = int(rel[k])
             deliver(lay, int(blocks[pos[k]]), scratch[lo:lo + int(stored[k])], out[int(pos[k])])
 
-    def _preadv(self, fd: int, iov: list, start: int, length: int, blocks: np.ndarray, rel: np.ndarray) -> None:
-        """``preadv_full`` with the reader's errors: DecodeError naming the chunk and bytes."""
+    def _preadv(self, file: int, iov: list, start: int, length: int, blocks: np.ndarray, rel: np.ndarray) -> None:
+        """``preadv_full`` of file ``file`` (its descriptor pinned meanwhile) with the reader's errors:
+        DecodeError naming the chunk and bytes."""
         lay = self.layout
         try:
-            got, _ = preadv_full(fd, iov, start)
+            with self._fd(file) as fd:
+                got, _ = preadv_full(fd, iov, start)
         except OSError as exc:
             tries = READ_RETRIES + 1 if exc.errno in TRANSIENT_ERRNOS else 1
             raise DecodeError(f"reading {chunk_where(lay, int(blocks[0]))}: bytes [{start}, {start + length})"

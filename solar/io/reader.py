@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..errors import SpecError
+from .fdcache import open_file_budget
 from .fstype import parallel_fs_name
 
 
@@ -135,6 +136,11 @@ class BlockReader(abc.ABC):
     def _read(self, blocks: np.ndarray, out: Sequence[np.ndarray]) -> ReadStats:
         """Read distinct, validated ``blocks`` (int64[k]) into ``out``; return n_reads and bytes_read."""
 
+    def open_stats(self) -> dict:
+        """``{"opens", "evictions", "max_open"}``: files opened so far (reopens included), files closed
+        to stay within ``max_open``, and that bound (see :mod:`solar.io.fdcache`)."""
+        return {"opens": 0, "evictions": 0, "max_open": 0}
+
     def close(self) -> None:
         """Release files and threads (collective for readers that opened files collectively)."""
         self._closed = True
@@ -167,6 +173,16 @@ def check_raw(layout, reader_name: str) -> None:
             raise SpecError(
                 f"reader {reader_name!r} reads raw bytes, but {layout.files[info.file]}:/{info.name.lstrip('/')} "
                 f"cannot be read raw ({info.fallback}); use the 'h5py' reader")
+
+
+def check_file_budget(layout, reader_name: str, max_open=None) -> None:
+    """SpecError when a reader that opens every file collectively at construction would hold more
+    files than ``max_open`` (default :func:`~solar.io.fdcache.open_file_budget`, from ``ulimit -n``)."""
+    budget = open_file_budget() if max_open is None else max_open
+    if isinstance(budget, int) and len(layout.files) > budget:
+        raise SpecError(f"reader {reader_name!r} opens all {len(layout.files)} files of the layout at once, more "
+                        f"than the {budget} this process may hold open (ulimit -n); use --reader pread "
+                        f"(reader='pread'), which keeps at most {budget} open")
 
 
 def check_request(layout, blocks, out) -> np.ndarray:
@@ -216,12 +232,13 @@ def default_reader_name(layout, comm=None) -> str:
     ``"h5py"`` if some dataset has a filter only HDF5 decodes; ``"mpiio"`` when
     ``comm`` has more than one rank and every file's folder is on a parallel
     file system (Lustre, GPFS, BeeGFS, OrangeFS, PanFS: ``statfs`` magic, see
-    :mod:`solar.io.fstype`) and mpi4py is present; ``"pread"`` otherwise.
+    :mod:`solar.io.fstype`) and mpi4py is present and the files are no more than
+    the open-file budget (``mpiio`` opens them all at once); ``"pread"`` otherwise.
     """
     if any(not info.raw for info in layout.datasets):
         return "h5py"
     size = comm.Get_size() if comm is not None else 1
-    if size > 1 and layout.files:
+    if size > 1 and layout.files and len(layout.files) <= open_file_budget():
         folders = {os.path.dirname(os.path.abspath(p)) for p in layout.files}
         if all(parallel_fs_name(f) for f in folders) and READERS["mpiio"].available()[0]:
             return "mpiio"

@@ -10,9 +10,10 @@ from .layout import Layout
 from .spec import KINDS, SPEC_FILENAME, LayoutSpec
 
 
-def load_layout(path: str, progress: bool = False) -> Layout:
-    """Build the :class:`Layout` of a spec file, a folder with a spec, or an HDF5 file."""
-    return build_layout(find_spec(path), progress=progress)
+def load_layout(path: str, progress: bool = False, split=None, fields=None) -> Layout:
+    """Build the :class:`Layout` of a spec file, a folder with a spec, or an HDF5 file;
+    ``split``/``fields``: of that split / those fields only (:meth:`LayoutSpec.select`)."""
+    return build_layout(find_spec(path).select(split, fields), progress=progress)
 
 
 __all__ = ["Layout", "LayoutSpec", "KINDS", "SPEC_FILENAME", "build_layout", "load_layout", "find_spec",

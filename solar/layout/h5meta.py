@@ -214,13 +214,14 @@ def _linked(h5file: h5py.File, path: str) -> bool:
         return False
 
 
-def _read_info(h5file: h5py.File, file_idx: int, path: str, where: str):
-    try:
-        obj = h5file[path]
-    except _LOOKUP_ERRORS as exc:
-        if _linked(h5file, path):
-            raise LayoutError(f"cannot open {where}: {_first_line(exc)} (damaged file?)") from None
-        raise LayoutError(f"dataset {path!r} not found in {h5file.filename}") from None
+def _read_info(h5file: h5py.File, file_idx: int, path: str, where: str, obj, file_size: Optional[int]):
+    if obj is None:
+        try:
+            obj = h5file[path]
+        except _LOOKUP_ERRORS as exc:
+            if _linked(h5file, path):
+                raise LayoutError(f"cannot open {where}: {_first_line(exc)} (damaged file?)") from None
+            raise LayoutError(f"dataset {path!r} not found in {h5file.filename}") from None
     if not isinstance(obj, h5py.Dataset):
         raise LayoutError(f"{where} is a group, not a dataset")
     dt = _check_dtype(obj, where)
@@ -230,7 +231,8 @@ def _read_info(h5file: h5py.File, file_idx: int, path: str, where: str):
     if any(s == 0 for s in shape):
         raise LayoutError(f"{where} is empty (shape {shape})")
     nbytes = int(np.prod(shape, dtype=object)) * dt.itemsize
-    file_size = os.path.getsize(h5file.filename)
+    if file_size is None:
+        file_size = os.path.getsize(h5file.filename)
     dsid = obj.id
     plist = dsid.get_create_plist()
     filters, raw, fallback = _filters(plist, where)
@@ -247,8 +249,12 @@ def _read_info(h5file: h5py.File, file_idx: int, path: str, where: str):
     return DatasetInfo(file_idx, path, shape, dt.str, chunks, filters, None, stored, fill, raw, fallback), table
 
 
-def read_dataset_info(h5file: h5py.File, file_idx: int, path: str, where: str):
+def read_dataset_info(h5file: h5py.File, file_idx: int, path: str, where: str, *, obj=None,
+                      file_size: Optional[int] = None):
     """Return ``(DatasetInfo, chunk_table)`` for dataset ``path`` of an open file.
+
+    ``obj``: the object at ``path`` when the caller has already looked it up; ``file_size``: the
+    file's size in bytes when the caller knows it (else one ``stat``).
 
     ``chunk_table`` is None for contiguous data, else a dict of arrays over the
     chunk grid in row-major order: ``offset`` (int64, -1 if unallocated),
@@ -256,7 +262,7 @@ def read_dataset_info(h5file: h5py.File, file_idx: int, path: str, where: str):
     Raises LayoutError for anything HDF5 cannot parse or that points outside the file.
     """
     try:
-        return _read_info(h5file, file_idx, path, where)
+        return _read_info(h5file, file_idx, path, where, obj, file_size)
     except SolarError:
         raise
     except H5_ERRORS as exc:

@@ -15,7 +15,9 @@ Array shapes (N samples, B blocks, D datasets, nnz = total sample->block links):
 ========================  =============  ==========================================
 
 Global sample ids run over the sources in order (files sorted by name, then
-groups).  Arrays are read-only; a Layout never changes after it is built.
+groups).  Arrays are read-only; a Layout never changes after it is built.  A schedule file of
+format version 3 stores its state (:mod:`solar.layout.store`), so the ranks of a job get it with
+``Schedule.layout()`` instead of building it from the HDF5 metadata.
 """
 from __future__ import annotations
 
@@ -101,6 +103,20 @@ class Layout:
         src, _ = self.locate(sample)
         return {self.spec.fields[k]: src.field_shape(k, self.datasets[d].shape)
                 for k, d in enumerate(src.datasets)}
+
+    def sample_shape_groups(self) -> List[Tuple[int, Dict[str, Tuple[int, ...]], Dict[str, np.dtype]]]:
+        """``[(first sample, field shapes, field dtypes)]``, one entry per distinct per-sample shape and
+        dtype over the sources that hold samples.  One tuple per source and no numpy call (start-up on
+        datasets of many files: 20,000 sources in milliseconds, where :meth:`field_shapes` per source
+        took seconds)."""
+        first: Dict[tuple, int] = {}
+        for i, src in enumerate(self.sources):
+            if src.n_samples <= 0:
+                continue
+            key = (src.kind, src.window, src.roles,
+                   tuple((self.datasets[d].shape, str(self.datasets[d].dtype)) for d in src.datasets))
+            first.setdefault(key, int(self.source_start[i]))
+        return [(s, self.field_shapes(s), self.field_dtypes(s)) for s in first.values()]
 
     def field_dtypes(self, sample: int = 0) -> Dict[str, np.dtype]:
         """Each field's dtype in one sample, in native byte order (as the loader delivers it).

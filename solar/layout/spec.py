@@ -17,6 +17,11 @@ Kinds (``LayoutSpec.kind``):
 ``whole``
     Each file (or each group matching ``groups`` in each file) is one sample made
     of whole datasets (CosmoFlow, DeepCAM, PDEBench "mult").
+
+Splits: instead of ``files`` a spec may name ``splits``, ``{"train": [globs], "valid":
+[globs], "test": [globs]}`` (any names, in order); the spec then describes one split at a
+time: ``train`` when it has one, else the first (``split`` in the JSON picks another).
+:meth:`LayoutSpec.select` gives the spec of another split or of a subset of the fields.
 """
 from __future__ import annotations
 
@@ -25,13 +30,18 @@ import glob
 import json
 import os
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Dict, Iterable, Optional, Sequence, Tuple, Union
 
 from ..errors import SpecError
 
 SPEC_FILENAME = "solar-layout.json"
 SPEC_VERSION = 1
 KINDS = ("rows", "windows", "whole")
+DEFAULT_SPLIT = "train"
+"""The split a spec with ``splits`` describes unless told otherwise (else its first split)."""
+
+Splits = Tuple[Tuple[str, Tuple[str, ...]], ...]
+"""``((name, file patterns), ...)`` in the spec's order (a dict in JSON)."""
 
 
 @dataclass(frozen=True)
@@ -41,6 +51,10 @@ class LayoutSpec:
     ``files`` are glob patterns relative to ``root`` (expanded and sorted);
     ``fields`` are dataset paths (relative to the group for ``kind='whole'`` with
     ``groups``).  ``root`` is not serialised: it is the spec file's folder.
+
+    ``splits`` (optional): ``{name: patterns}`` (or pairs); ``files`` are then the patterns of
+    split ``split`` (default ``"train"`` if named, else the first split) and may be left
+    empty.  A spec without ``splits`` has ``split`` None.
     """
 
     kind: str
@@ -52,8 +66,11 @@ class LayoutSpec:
     n_steps_output: int = 1
     dt: int = 1
     name: str = ""
+    splits: Optional[Splits] = None
+    split: Optional[str] = None
 
     def __post_init__(self):
+        self._init_splits()
         if self.kind not in KINDS:
             raise SpecError(f"unknown layout kind {self.kind!r}; valid kinds: {', '.join(KINDS)}")
         for attr in ("files", "fields"):
@@ -74,6 +91,61 @@ class LayoutSpec:
                 raise SpecError(f"{attr} must be a positive integer, got {val!r}")
         if self.groups is not None and self.kind != "whole":
             raise SpecError(f"'groups' is only valid for kind 'whole', not {self.kind!r}")
+
+    def _init_splits(self):
+        """Normalise ``splits`` to pairs, pick ``split`` and set ``files`` from it."""
+        if self.splits is None:
+            if self.split is not None:
+                raise SpecError(f"split {self.split!r} given, but the layout spec names no splits")
+            return
+        pairs = _split_pairs(self.splits)
+        split = self.split if self.split is not None else default_split(name for name, _ in pairs)
+        names = [name for name, _ in pairs]
+        if split not in names:
+            raise SpecError(f"unknown split {split!r}; the spec's splits: {', '.join(names)}")
+        files = dict(pairs)[split]
+        given = (self.files,) if isinstance(self.files, str) else tuple(self.files)
+        if given and given != files:
+            raise SpecError(f"files {list(given)} differ from split {split!r}'s files {list(files)}: give one")
+        object.__setattr__(self, "splits", pairs)
+        object.__setattr__(self, "split", split)
+        object.__setattr__(self, "files", files)
+
+    # ------------------------------------------------------------- selection
+    @property
+    def split_names(self) -> Tuple[str, ...]:
+        """The splits the spec names, in its order (empty without ``splits``)."""
+        return tuple(name for name, _ in self.splits or ())
+
+    def select(self, split: Optional[str] = None, fields: Union[None, str, Sequence[str]] = None) -> "LayoutSpec":
+        """This spec restricted to split ``split`` and/or to ``fields`` (kept in the spec's order).
+
+        Unknown names raise :class:`SpecError` listing the valid ones; None keeps what the spec has.
+        ``fields`` may be a comma-separated string (``"a,b"``)."""
+        changes = {}
+        if split is not None:
+            if not self.splits:
+                raise SpecError(f"split {split!r} asked for, but the layout spec names no splits "
+                                f"(it lists files {list(self.files)})")
+            if split not in self.split_names:
+                raise SpecError(f"unknown split {split!r}; the spec's splits: {', '.join(self.split_names)}")
+            changes.update(split=split, files=())
+        if fields is not None:
+            changes["fields"] = self.field_subset(fields)
+        return dataclasses.replace(self, **changes) if changes else self
+
+    def field_subset(self, fields: Union[str, Iterable[str]]) -> Tuple[str, ...]:
+        """``fields`` checked against the spec's (each known, none twice, at least one), in the spec's order."""
+        want = [f.strip() for f in fields.split(",")] if isinstance(fields, str) else list(fields)
+        valid = ", ".join(self.fields)
+        bad = [f for f in want if f not in self.fields]
+        if bad:
+            raise SpecError(f"unknown field(s) {', '.join(map(repr, bad))}; the spec's fields: {valid}")
+        if not want:
+            raise SpecError(f"fields: name at least one of the spec's fields: {valid}")
+        if len(set(want)) != len(want):
+            raise SpecError(f"fields lists a field twice: {want}")
+        return tuple(f for f in self.fields if f in want)
 
     # ------------------------------------------------------------------ paths
     @property
@@ -119,6 +191,14 @@ class LayoutSpec:
                 d.pop(k)
         if self.groups is None:
             d.pop("groups")
+        if self.splits is None:
+            d.pop("splits")
+            d.pop("split")
+        else:  # the split's files are in ``splits``; ``split`` only when not the default one
+            d.pop("files")
+            d["splits"] = {name: list(pats) for name, pats in self.splits}
+            if self.split == default_split(self.split_names):
+                d.pop("split")
         return d
 
     def save(self, path: str) -> str:
@@ -140,8 +220,9 @@ class LayoutSpec:
         unknown = set(d) - names
         if unknown:
             raise SpecError(f"unknown key(s) in layout spec: {', '.join(sorted(unknown))}")
-        if "kind" not in d or "files" not in d or "fields" not in d:
-            raise SpecError("layout spec needs 'kind', 'files' and 'fields'")
+        if "kind" not in d or "fields" not in d or ("files" in d) == ("splits" in d):
+            raise SpecError("layout spec needs 'kind', 'fields' and either 'files' or 'splits' (not both)")
+        d.setdefault("files", ())
         return cls(root=root, **d)
 
     @classmethod
@@ -161,3 +242,31 @@ class LayoutSpec:
         if not isinstance(d, dict):
             raise SpecError(f"layout spec {path} is not a JSON object")
         return cls.from_dict(d, root=os.path.dirname(os.path.abspath(path)))
+
+
+def default_split(names: Iterable[str]) -> str:
+    """:data:`DEFAULT_SPLIT` when among ``names``, else the first name."""
+    names = list(names)
+    return DEFAULT_SPLIT if DEFAULT_SPLIT in names else names[0]
+
+
+def _split_pairs(splits: Union[Dict[str, Sequence[str]], Splits]) -> Splits:
+    """``splits`` (a dict or pairs) as ``((name, patterns), ...)``, checked: at least one split,
+    names non-empty strings, each with at least one pattern."""
+    items = list(splits.items()) if isinstance(splits, dict) else list(splits)
+    if not items:
+        raise SpecError("layout spec 'splits' names no split")
+    out = []
+    for item in items:
+        if not (isinstance(item, (tuple, list)) and len(item) == 2):
+            raise SpecError(f"layout spec 'splits' must map names to file patterns, got {item!r}")
+        name, pats = item
+        pats = (pats,) if isinstance(pats, str) else pats
+        if not isinstance(name, str) or not name:
+            raise SpecError(f"split names must be non-empty strings, got {name!r}")
+        if not isinstance(pats, (list, tuple)) or not pats or not all(isinstance(p, str) and p for p in pats):
+            raise SpecError(f"split {name!r} must list file patterns (strings), got {pats!r}")
+        out.append((name, tuple(pats)))
+    if len({n for n, _ in out}) != len(out):
+        raise SpecError(f"layout spec 'splits' names a split twice: {[n for n, _ in out]}")
+    return tuple(out)

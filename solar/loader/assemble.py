@@ -1,7 +1,8 @@
 """Build a step's local batch from resident decoded blocks (the layout's side of the buffer)."""
 from __future__ import annotations
 
-from typing import Callable, Dict
+import warnings
+from typing import Callable, Dict, Optional, Sequence
 
 import numpy as np
 
@@ -23,23 +24,31 @@ class BatchAssembler:
     array of shape ``(n,)``.  Values come out in native byte order (``torch.from_numpy``
     refuses any other): a big-endian dataset is converted while it is copied, losslessly.
     ``gather=False`` always takes the block-by-block path (tests, benchmarks).
+
+    ``fields``: assemble only these of the layout's fields (names; a SpecError lists the valid
+    ones); the other fields' blocks may be resident (the plan loads them) but are not copied.
+    ``pin_memory`` without CUDA warns (once per process, :class:`RuntimeWarning`) and allocates
+    ordinary memory.
     """
 
-    def __init__(self, layout, pin_memory: bool = False, gather: bool = True):
+    def __init__(self, layout, pin_memory: bool = False, gather: bool = True,
+                 fields: Optional[Sequence[str]] = None):
         self.layout = layout
-        self.pin = bool(pin_memory)
+        self.pin = bool(pin_memory) and _cuda_for_pinning()
+        self.fields = layout.field_names if fields is None else layout.spec.field_subset(fields)
         self.tables = GatherTables(layout)
+        if self.tables.ok and self.fields != layout.field_names:
+            _keep_fields(self.tables, self.fields)
         self.uniform = self.tables.uniform
         self.gather = bool(gather) and self.tables.ok
-        self.shapes = layout.field_shapes(0) if layout.n_samples else {}
-        self.dtypes = layout.field_dtypes() if layout.n_samples else {}
+        self.shapes = _only(layout.field_shapes(0), self.fields) if layout.n_samples else {}
+        self.dtypes = _only(layout.field_dtypes(), self.fields) if layout.n_samples else {}
 
     def _empty(self, shape, dtype):
         if self.pin:
             import torch
-            if torch.cuda.is_available():
-                t = torch.empty(shape, dtype=torch.from_numpy(np.empty(0, dtype)).dtype, pin_memory=True)
-                return t.numpy()
+            t = torch.empty(shape, dtype=torch.from_numpy(np.empty(0, dtype)).dtype, pin_memory=True)
+            return t.numpy()
         return np.empty(shape, dtype=dtype)
 
     def _empty_batch(self, n: int) -> Dict[str, np.ndarray]:
@@ -62,7 +71,7 @@ class BatchAssembler:
         if self.uniform:
             out = self._empty_batch(n)
         else:
-            out = {k: [None] * n for k in self.shapes}
+            out = {k: [None] * n for k in self.fields}
         if self.gather and getattr(lookup, "in_pools", False):
             t = self.tables
             t.gather(samples, lookup.blocks, lookup.block_class, lookup.block_slot, lookup.pools, out)
@@ -76,17 +85,47 @@ class BatchAssembler:
         lay = self.layout
         for i, s in enumerate(samples.tolist()):
             fields = lay.sample_fields(s)
-            by_dataset = {d: (name, sel) for name, d, sel in fields}
+            by_dataset = {d: (name, sel) for name, d, sel in fields if name in out}
             if self.uniform:  # [i, ...]: a view even for scalar fields ([i] would be a copy)
                 dest = {name: out[name][i, ...] for name in out}
             else:
-                shp, dt = lay.field_shapes(s), lay.field_dtypes(s)
+                shp, dt = _only(lay.field_shapes(s), out), _only(lay.field_dtypes(s), out)
                 dest = {name: np.empty(shp[name], dtype=dt[name]) for name in shp}
                 for name, arr in dest.items():
                     out[name][i] = arr
             for b in lay.blocks_of(s).tolist():
                 d, origin = lay.block_grid_coords(b)
+                if d not in by_dataset:  # a field not asked for
+                    continue
                 name, sel = by_dataset[d]
                 info = lay.datasets[d]
                 blk = lookup(b).view(np.dtype(info.dtype)).reshape(lay.block_shapes[d])
                 place_block(dest[name], sel, origin, blk, info.shape)
+
+
+def _only(per_field: dict, names) -> dict:
+    """``per_field`` restricted to ``names`` (in ``per_field``'s order)."""
+    return {k: v for k, v in per_field.items() if k in names}
+
+
+def _keep_fields(tables: GatherTables, names: Sequence[str]) -> None:
+    """Restrict ``tables`` to fields ``names``: its per-field rows (``src_ds``/``roles`` axis 1,
+    ``out_stride``/``field_bytes`` axis 0, ``fields``; see :class:`GatherTables`) are sliced, so
+    ``gather`` copies those fields only."""
+    keep = [k for k, name in enumerate(tables.fields) if name in names]
+    tables.src_ds = np.ascontiguousarray(tables.src_ds[:, keep])
+    tables.roles = np.ascontiguousarray(tables.roles[:, keep])
+    tables.out_stride = np.ascontiguousarray(tables.out_stride[keep])
+    tables.field_bytes = np.ascontiguousarray(tables.field_bytes[keep])
+    tables.fields = [tables.fields[k] for k in keep]
+
+
+def _cuda_for_pinning() -> bool:
+    """True when pinned (page-locked) memory can be had: torch sees CUDA.  Otherwise warns
+    (Python shows a warning once per process and place) that batches stay in ordinary memory."""
+    import torch
+    if torch.cuda.is_available():
+        return True
+    warnings.warn("pin_memory=True, but CUDA is not available: batches are in ordinary (pageable) memory",
+                  RuntimeWarning, stacklevel=1)
+    return False

@@ -16,10 +16,12 @@ from typing import Optional
 
 import numpy as np
 
-from ..buffer import BufferManager
+from ..buffer import BufferManager, batch_bytes, rank_memory
+from ..buffer.sizing import max_local_batch
 from ..errors import SolarError, SpecError
 from ..schedule import Schedule
 from .assemble import BatchAssembler
+from .hooks import BatchHooks, EpochLog
 
 
 class SolarLoader:
@@ -37,6 +39,15 @@ class SolarLoader:
     otherwise.  ``epoch_fence``: do not prefetch an epoch before iteration over it
     begins (benchmarks: no read-ahead across a page-cache drop).
 
+    Start-up: a schedule of format version 3 stores the layout, so without ``data`` no rank reads
+    HDF5 metadata and a rank opens only the files it reads.  ``verify_data`` says how the data is
+    checked against the plan: ``"fast"`` (default: every file's size and mtime as planned, one
+    ``stat`` per file), ``"strict"`` (also the block map rebuilt from the HDF5 metadata and its
+    fingerprint compared), ``"off"``; with ``comm`` one rank checks (``verify_scope="job"``: rank 0;
+    ``"node"``: local rank 0 of each node, for node-local copies) and a mismatch raises the same
+    ScheduleError on every rank; without, each process checks.  An explicit ``data`` (or a schedule
+    of format 1 or 2) is built from the HDF5 metadata on every rank and matched by fingerprint.
+
     ``abort_on_error`` (default True): when ``comm`` has more than one rank, an
     exception that escapes on this rank while the loader is open (from solar or
     from the training code; main thread or a solar thread) prints
@@ -44,6 +55,18 @@ class SolarLoader:
     ends instead of waiting in a collective forever (:mod:`solar.mpi` hooks,
     removed by :meth:`close`; leaving a ``with`` block on an exception aborts
     too).  ``abort_on_error=False`` leaves the error handling to the caller.
+
+    Hooks (all run in the buffer's prefetch thread, off the training thread; an exception in a
+    transform reaches the training loop as :class:`~solar.loader.hooks.TransformError` naming the
+    step, with the original as its ``__cause__``): ``fields``: assemble only these fields (the
+    plan's blocks of the others are still read and held: plan with ``fields=`` to skip them);
+    ``sample_transform(sample) -> dict`` on each sample's ``{field: value}``, results stacked;
+    ``transform(batch) -> dict`` on the batch (``index`` included, ``weight`` added after);
+    ``device``: the batch is copied there on a side CUDA stream through reused pinned staging
+    buffers as soon as it is assembled (:class:`solar.torch.device.DeviceMover`); the training
+    stream waits for the copy when the batch is handed out.  At the end of each epoch one INFO
+    line (hit rate, samples/s, stall) goes to ``logging.getLogger("solar.loader")``;
+    ``loader.epoch_log.last`` holds its numbers.
 
     Resuming: after :meth:`load_state_dict` the cursor is inside epoch
     ``loader.epoch``; ``set_epoch(loader.epoch)`` keeps it, so the loop
@@ -54,28 +77,34 @@ class SolarLoader:
     def __init__(self, schedule, data=None, *, comm=None, rank: Optional[int] = None, reader: Optional[str] = None,
                  threads: int = 16, prefetch: int = 4, pin_memory: bool = False, as_torch: bool = True,
                  verify: bool = True, reader_options: Optional[dict] = None, epoch_fence: bool = False,
-                 abort_on_error: bool = True):
+                 abort_on_error: bool = True, fields=None, transform=None, sample_transform=None, device=None,
+                 verify_data: str = "fast", verify_scope: str = "job"):
         from ..io import default_reader_name, get_reader
-        from ..layout import Layout, load_layout
+        from ..schedule.verify import check_mode
         if not isinstance(abort_on_error, bool):
             raise SpecError(f"abort_on_error must be True or False, got {abort_on_error!r}")
         self._guard = _install_guard(self, comm) if abort_on_error else None
+        check_mode(verify_data, verify_scope)
         self.schedule = schedule if isinstance(schedule, Schedule) else Schedule.load(schedule)
-        if data is None:
-            if not self.schedule.source:
-                raise SpecError("the schedule does not name its dataset: pass data=<layout spec path>")
-            data = self.schedule.source
-        self.layout = data if isinstance(data, Layout) else load_layout(data)
         world = comm.Get_size() if comm is not None else self.schedule.world_size
         self.rank = _check_rank(rank, comm, world)
-        self.schedule.check(layout=self.layout, world_size=world)
+        self.schedule.check(world_size=world)
+        self.layout = _open_layout(self.schedule, data, comm, verify_data, verify_scope)
+        self.schedule.check(layout=self.layout)
         self.comm = comm
-        self.reader_name = reader or default_reader_name(self.layout, comm)
-        self.reader = get_reader(self.reader_name, self.layout, comm=comm, threads=threads,
-                                 **(reader_options or {}))
         self.rank_plan = self.schedule.rank(self.rank)
         self.demand = self.schedule.demand()
-        self.assembler = BatchAssembler(self.layout, pin_memory=pin_memory)
+        # this rank's memory (solar.buffer.sizing), checked against what the plan was made for before any file
+        # is opened (whether it fits does not depend on the reader: reads in flight get what is left)
+        self.batch_bytes = batch_bytes(self.layout, max_local_batch(self.schedule.config))
+        self.memory = rank_memory(self.rank_plan, self.demand, budget=self.schedule.buffer_bytes,
+                                  batch_bytes=self.batch_bytes, prefetch=prefetch, io_depth=4)[0]
+        self.assembler = BatchAssembler(self.layout, pin_memory=pin_memory, fields=fields)
+        self.hooks = BatchHooks(transform, sample_transform, device, as_torch, to_torch=self._to_torch)
+        self.reader_name = reader or default_reader_name(self.layout, comm)
+        self.reader = get_reader(self.reader_name, self.layout, comm=comm, threads=threads,
+                                 **(reader_options or {}))  # last: nothing after it can fail
+        self.epoch_log = EpochLog(self.rank)
         self.prefetch, self.as_torch, self.verify, self.epoch_fence = prefetch, as_torch, verify, epoch_fence
         self.S = self.schedule.steps_per_epoch
         self.epochs = self.schedule.epochs
@@ -113,12 +142,13 @@ class SolarLoader:
     def _assemble(self, step, samples, lookup):
         out = self.assembler(step, samples, lookup)
         out["index"] = samples
-        return out
+        return self.hooks.produce(step, out)
 
     def _start_buffer(self):
         self.buffer = BufferManager(self.rank_plan, self.demand, self.reader, self._assemble,
                                     budget=self.schedule.buffer_bytes, prefetch=self.prefetch, start=self.cursor,
-                                    verify=self.verify, fence=self.S if self.epoch_fence else None)
+                                    verify=self.verify, fence=self.S if self.epoch_fence else None,
+                                    batch_bytes=self.batch_bytes)
 
     def _stop_buffer(self):
         if self.buffer is not None:
@@ -133,12 +163,14 @@ class SolarLoader:
             self._start_buffer()
         end = (self.cursor // self.S + 1) * self.S
         self.buffer.release(self.cursor)
+        self.epoch_log.begin(self.buffer.totals)
         while self.cursor < end:
             g = self.cursor
-            out = self.buffer.get(g)
+            out = self.hooks.consume(self.buffer.get(g))
             self.cursor = g + 1
             out["weight"] = self._weight(g, len(out["index"]))
             yield self._to_torch(out) if self.as_torch else out
+        self.epoch_log.end(end // self.S - 1, self.buffer.totals)  # after the epoch's last step was trained
 
     def _weight(self, g: int, n: int) -> float:
         if self.schedule.config.epsilon == 0:
@@ -194,8 +226,10 @@ class SolarLoader:
         t = self.buffer.totals if self.buffer is not None else None
         if t is None:
             return {}
-        return {k: getattr(t, k) for k in ("steps", "samples", "hits", "hit_bytes", "misses", "bytes_loaded", "bytes_read",
-                                            "n_reads", "read_s", "assemble_s", "stall_s", "plan_violations")}
+        out = {k: getattr(t, k) for k in ("steps", "samples", "hits", "hit_bytes", "misses", "bytes_loaded", "bytes_read",
+                                           "n_reads", "read_s", "assemble_s", "stall_s", "plan_violations")}
+        out.update(self.reader.open_stats())  # opens, evictions, max_open (solar.io.fdcache)
+        return out
 
     def close(self):
         """Stop the prefetch thread, close the reader (collective for MPI readers) and the schedule,
@@ -216,6 +250,24 @@ class SolarLoader:
             if not (isinstance(exc, SystemExit) and not exc.code):
                 report_and_abort(self.comm, exc)
         self.close()
+
+
+def _open_layout(schedule: Schedule, data, comm, verify_data: str, verify_scope: str):
+    """The layout to serve: ``data`` (a Layout, or built from a spec path's HDF5 metadata), else the one
+    the schedule stores (no data file opened; checked as ``verify_data`` says, on one rank of ``comm``
+    per ``verify_scope``), else built from the dataset path the schedule names (format versions 1, 2).
+    Its fingerprint is compared with the schedule's by the caller."""
+    from ..layout import Layout, load_layout
+    if data is None and schedule.has_layout:
+        from ..schedule.verify import verify_data as verify
+        layout = schedule.layout()
+        verify(schedule, layout, verify_data, comm, verify_scope)
+        return layout
+    if data is None:
+        if not schedule.source:
+            raise SpecError("the schedule does not name its dataset: pass data=<layout spec path>")
+        data = schedule.source
+    return data if isinstance(data, Layout) else load_layout(data)
 
 
 def _check_rank(rank, comm, world: int) -> int:

@@ -1,10 +1,11 @@
-"""The schedule file format (HDF5), version 2 (version 1 files are still read).
+"""The schedule file format (HDF5), version 3 (version 1 and 2 files are still read).
 
 ::
 
     /                       attrs: format="solar-schedule", version, solar_version, policy, config (JSON of
                             PlanConfig), fingerprint (layout's), source, source_abs, n_samples, n_blocks,
-                            steps_per_epoch, id_dtype, complete (1 once fully written), header_sha256
+                            steps_per_epoch, id_dtype, layout_bytes (bytes of /layout, 0: none),
+                            complete (1 once fully written), header_sha256
     /demand/sample_ptr      int64[N+1]  sample -> blocks CSR (what the buffer needs to know of the layout)
     /demand/sample_blocks   id[nnz]
     /demand/block_nbytes    int64[B]    decoded bytes (buffer slots)
@@ -20,6 +21,10 @@
     /ranks/<r>/evict        id[v_r]     blocks to drop before each step's loads
     /ranks/<r>/evict_count  int32[E*S]
     /ranks/<r>/stats        int64[E*S, 5]  predicted hits, hit_bytes, misses, miss_bytes, stored_bytes
+    /layout/document        uint8[...]  JSON: the layout spec, tables of distinct dataset/source values,
+                                        n_files, root / root_abs (the spec's folder, as source / source_abs)
+    /layout/<array>         the rest of the Layout (per file, dataset, source, block; see
+                            :mod:`solar.layout.store`), so no rank needs the HDF5 files' metadata
 
 Every dataset carries an ``sha256`` attribute of its bytes (little-endian), checked when
 read; the root attributes carry ``header_sha256``.  A rank reads only ``/ranks/<r>``
@@ -29,7 +34,9 @@ and ``/demand``.  ``id`` is int32 when sample and block ids fit, else int64.
 relative to the schedule file's folder, and ``source_abs`` the same path made absolute
 when planning ("" for both when planned from a Layout or Demand object).  In version 1
 ``source`` was the path as given, relative to the directory ``solar plan`` ran in,
-and there was no ``source_abs``.
+and there was no ``source_abs``.  Versions 1 and 2 have no ``/layout`` (and no ``layout_bytes``):
+the loader builds the layout from the HDF5 files.  Version 3 writes ``/layout`` whenever the plan
+was made from a dataset (not from a bare :class:`~solar.scheduler.Demand`).
 """
 from __future__ import annotations
 
@@ -42,13 +49,14 @@ import h5py
 import numpy as np
 
 FORMAT = "solar-schedule"
-VERSION = 2
-READABLE_VERSIONS = (1, 2)
+VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 STATS = ("hits", "hit_bytes", "misses", "miss_bytes", "stored_bytes")
 RANK_LISTS = ("samples", "load", "evict")
 HEADER_KEYS_V1 = ("format", "version", "solar_version", "policy", "config", "fingerprint", "source", "n_samples",
                   "n_blocks", "steps_per_epoch", "id_dtype")
-HEADER_KEYS = HEADER_KEYS_V1 + ("source_abs",)
+HEADER_KEYS_V2 = HEADER_KEYS_V1 + ("source_abs",)
+HEADER_KEYS = HEADER_KEYS_V2 + ("layout_bytes",)
 
 
 def id_dtype(n_samples: int, n_blocks: int) -> np.dtype:
@@ -57,7 +65,7 @@ def id_dtype(n_samples: int, n_blocks: int) -> np.dtype:
 
 def header_keys(version: int) -> Tuple[str, ...]:
     """The root attributes ``header_sha256`` covers in files of format ``version``."""
-    return HEADER_KEYS_V1 if version == 1 else HEADER_KEYS
+    return {1: HEADER_KEYS_V1, 2: HEADER_KEYS_V2}.get(version, HEADER_KEYS)
 
 
 def header_digest(attrs, version: int = VERSION) -> str:

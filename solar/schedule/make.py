@@ -30,11 +30,14 @@ def buffer_bytes(demand: Demand, world_size: int, buffer_per_rank=None, buffer_f
 
 def plan(data: Union[str, "Demand", object], *, world_size: int, local_batch: int, epochs: int,
          buffer_per_rank=None, buffer_fraction: Optional[float] = None, seed: int = 0, drop_last: bool = False,
-         epsilon: float = 0.0, policy: str = "solar", out: Optional[str] = None, progress: bool = False) -> Schedule:
+         epsilon: float = 0.0, policy: str = "solar", out: Optional[str] = None, progress: bool = False,
+         split: Optional[str] = None, fields=None) -> Schedule:
     """Plan a job and write its schedule to ``out`` (in memory if None); returns the open :class:`Schedule`.
 
     ``data``: a layout spec path / folder / HDF5 file, a :class:`~solar.layout.Layout`
-    or a :class:`~solar.scheduler.Demand`.
+    or a :class:`~solar.scheduler.Demand`; ``split``/``fields`` (a path only): plan that split / those
+    fields of the spec (:meth:`~solar.layout.LayoutSpec.select`).  The file stores the layout (format
+    version 3, ``/layout``) unless ``data`` is a Demand, so that the job's ranks read no HDF5 metadata.
     """
     for name, v in (("world_size", world_size), ("local_batch", local_batch), ("epochs", epochs)):
         check_count(name, v)
@@ -48,15 +51,19 @@ def plan(data: Union[str, "Demand", object], *, world_size: int, local_batch: in
     if isinstance(data, str):
         from ..layout import load_layout
         source = data
-        data = load_layout(data, progress=progress)
+        data = load_layout(data, progress=progress, split=split, fields=fields)
+    elif split is not None or fields is not None:
+        raise SpecError("split= and fields= select from a layout spec path; pass the path, not a layout")
     if out is not None:  # before planning: never replace the data (or anything not a schedule) with a schedule
         check_target(out, getattr(data, "files", ()), getattr(data, "spec", None))
     demand = data if isinstance(data, Demand) else Demand.from_layout(data)
+    from ..buffer.sizing import residency_budget  # the budget is all the rank's memory: batches held back
+    budget = buffer_bytes(demand, world_size, buffer_per_rank, buffer_fraction)
     cfg = PlanConfig(world_size, local_batch, epochs,
-                     buffer_bytes(demand, world_size, buffer_per_rank, buffer_fraction),
+                     residency_budget(budget, demand, local_batch, epsilon, None if data is demand else data),
                      seed=seed, drop_last=drop_last, epsilon=epsilon)
     S = steps_per_epoch(demand.n_samples, world_size, local_batch, drop_last)
-    w = ScheduleWriter(out, demand, cfg, pol.name, S, source=source)
+    w = ScheduleWriter(out, demand, cfg, pol.name, S, source=source, layout=None if data is demand else data)
     try:
         res = run_policy(demand, cfg, pol, record=True, on_epoch=w.add_epoch, progress=progress)
         h5 = w.close(res)

@@ -84,6 +84,7 @@ class Schedule:
         self._f, self.path, self.verify = h5, path, verify
         self._ranks: Dict[int, RankPlan] = {}
         self._demand: Optional[Dict[str, np.ndarray]] = None
+        self._layout = None  # (Layout, file sizes, file mtimes) once read from /layout
         with self._reading("the header"):
             self._max_bytes = int(h5.id.get_filesize())
             self._read_header(h5.attrs)
@@ -96,6 +97,7 @@ class Schedule:
         texts = {k: checks.attr_str(a, k) for k in ("solar_version", "policy", "config", "fingerprint", "source",
                                                      "id_dtype", "header_sha256")}
         self.source_abs = checks.attr_str(a, "source_abs") if self.version > 1 else ""
+        self.layout_bytes = checks.attr_int(a, "layout_bytes") if self.version > 2 else 0
         ints = {k: checks.attr_int(a, k) for k in ("n_samples", "n_blocks", "steps_per_epoch")}
         if header_digest(a, self.version) != texts["header_sha256"]:
             raise ScheduleError(f"{self.path}: header checksum mismatch: the file is damaged")
@@ -121,7 +123,7 @@ class Schedule:
             raise ScheduleError(f"{self.path}: not a solar schedule file (format attribute {kind!r})")
         version = a["version"] if "version" in a else None
         if not isinstance(version, (int, np.integer)) or int(version) not in READABLE_VERSIONS:
-            raise ScheduleError(f"{self.path}: schedule format version {version}, this solar reads "
+            raise ScheduleError(f"{self.path}: schedule format version {version!r}, this solar reads "
                                 f"{' and '.join(map(str, READABLE_VERSIONS))}; re-run solar plan")
         self.version = int(version)
         if "complete" not in a or not isinstance(a["complete"], (int, np.integer)) or int(a["complete"]) != 1:
@@ -317,6 +319,30 @@ class Schedule:
             checks.check_block_bytes(f"demand/{k}", out[k])
         return out
 
+    # ---------------------------------------------------------------- layout
+    @property
+    def has_layout(self) -> bool:
+        """Whether the file stores the layout (format version 3 planned from a dataset)."""
+        return self.layout_bytes > 0
+
+    def layout(self):
+        """The :class:`~solar.layout.Layout` stored in the file (read once, checksums and consistency
+        verified; no data file is opened), its files found from the data folder relative to the schedule
+        file, else the absolute path recorded.  A ScheduleError if the file stores none."""
+        if self._layout is None:
+            if not self.has_layout:
+                raise ScheduleError(f"{self.path}: the schedule stores no layout (format version {self.version}"
+                                    f"{'' if self.version > 2 else ': re-run solar plan to store it'})")
+            from .stored_layout import read_layout
+            with self._reading("/layout"):
+                self._layout = read_layout(self)
+        return self._layout[0]
+
+    def planned_file_stats(self):
+        """``(size int64[F] bytes, mtime int64[F] ns)`` of each of :meth:`layout`'s files when planned."""
+        self.layout()
+        return self._layout[1], self._layout[2]
+
     # ------------------------------------------------------------ prediction
     def predicted(self) -> Dict[str, list]:
         """Predicted per-epoch totals over ranks (bytes), and hit rates."""
@@ -333,12 +359,14 @@ class Schedule:
                 "rank_miss_bytes": e["rank_miss_bytes"].tolist()}
 
     def summary(self) -> dict:
+        from ..buffer.sizing import schedule_memory_summary
         p = self.predicted()
         return {"path": self.path, "policy": self.policy, "solar_version": self.solar_version,
                 "fingerprint": self.fingerprint, "source": self.source_rel, "source_abs": self.source_abs,
-                "format_version": self.version, "config": self.config.to_dict(),
+                "format_version": self.version, "config": self.config.to_dict(), "layout_bytes": self.layout_bytes,
                 "n_samples": self.n_samples, "n_blocks": self.n_blocks, "steps_per_epoch": self.steps_per_epoch,
-                "source_epochs": self.epoch_order.tolist(), "file_bytes": _file_size(self.path), **p}
+                "source_epochs": self.epoch_order.tolist(), "file_bytes": _file_size(self.path), **p,
+                "memory_per_rank": schedule_memory_summary(self)}
 
 
 def _first_line(exc: BaseException) -> str:

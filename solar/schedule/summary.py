@@ -13,6 +13,7 @@ def format_schedule(s: dict) -> str:
              f"  job: world size {c['world_size']}, local batch {c['local_batch']}, {c['epochs']} epochs x "
              f"{s['steps_per_epoch']} steps, buffer {human_bytes(c['buffer_bytes'])} per rank, seed {c['seed']}, "
              f"drop_last {'yes' if c['drop_last'] else 'no'}, epsilon {c['epsilon']}",
+             _layout_line(s),
              "  epoch  sampler-epoch  hit rate  read from storage  local batch",
              ]
     for e, (src, hr, st, lo, hi) in enumerate(zip(s["source_epochs"], s["hit_rate"], s["storage_bytes"],
@@ -24,4 +25,23 @@ def format_schedule(s: dict) -> str:
     imb = max(per_rank) / (sum(per_rank) / len(per_rank)) if sum(per_rank) else 1.0
     lines.append(f"  predicted: steady-state hit rate {s['steady_hit_rate']:.3f}, {human_bytes(tot)} read from "
                  f"storage in all, busiest rank reads x{imb:.2f} the mean")
+    if s.get("memory_per_rank"):
+        lines.append(f"  memory per rank: {_memory_text(s['memory_per_rank'])}")
     return "\n".join(lines)
+
+
+def _layout_line(s: dict) -> str:
+    """Whether the schedule stores the layout (and its size), i.e. whether the ranks read HDF5 metadata."""
+    if s.get("layout_bytes"):
+        return f"  layout: stored in the schedule ({human_bytes(s['layout_bytes'])}): the ranks read no HDF5 metadata"
+    why = f"format version {s['format_version']}" if s.get("format_version", 3) < 3 else "planned without a dataset"
+    return f"  layout: not stored ({why}): every rank builds it from the HDF5 files"
+
+
+def _memory_text(m: dict) -> str:
+    """The memory line of a schedule summary (:func:`solar.buffer.sizing.format_memory`)."""
+    if "error" in m:
+        return f"unknown ({m['error']})"
+    from ..buffer.sizing import MemoryNeed, format_memory
+    return format_memory(MemoryNeed(**{k: m[k] for k in ("resident", "staging", "batches", "bookkeeping", "limit",
+                                                          "prefetch")}))

@@ -16,6 +16,7 @@ from ..scheduler.run import Demand, EpochPlan, PolicyResult
 from .format import (FORMAT, LIBVER, RANK_LISTS, STATS, VERSION, array_digest, header_digest, id_dtype, put_text,
                      source_paths)
 from .pack import csr_rank_major, samples_rank_major, split_rows
+from .stored_layout import write_layout
 
 
 def _put(group, name: str, arr: np.ndarray):
@@ -34,7 +35,7 @@ class ScheduleWriter:
     """
 
     def __init__(self, path: Optional[str], demand: Demand, cfg: PlanConfig, policy: str, steps_per_epoch: int,
-                 source: str = "", flush_bytes: int = 256 << 20):
+                 source: str = "", flush_bytes: int = 256 << 20, layout=None):
         self.path, self.cfg, self.S = path, cfg, steps_per_epoch
         self.P, self.E = cfg.world_size, cfg.epochs
         self.idt = id_dtype(demand.n_samples, demand.n_blocks)
@@ -48,13 +49,14 @@ class ScheduleWriter:
             self.f = self.out.file
         self.ds: List[Dict[str, h5py.Dataset]] = []
         try:
-            self._start(demand, cfg, policy, source)
+            self._start(demand, cfg, policy, source, layout)
         except BaseException:  # an error, Ctrl-C or SIGTERM while the file is created: leave nothing behind
             self.abort()
             raise
 
-    def _start(self, demand: Demand, cfg: PlanConfig, policy: str, source: str):
-        """Header attributes, ``/demand``, and the empty appendable ``/ranks/<r>`` datasets."""
+    def _start(self, demand: Demand, cfg: PlanConfig, policy: str, source: str, layout):
+        """Header attributes, ``/demand``, ``/layout`` (when ``layout`` is given: the
+        :class:`~solar.layout.Layout` ``demand`` comes from) and the empty appendable ``/ranks/<r>`` datasets."""
         path, steps_per_epoch = self.path, self.S
         a = self.f.attrs
         rel, absolute = source_paths(source, path)  # the dataset relative to the schedule file, and absolute
@@ -70,6 +72,7 @@ class ScheduleWriter:
         _put(g, "sample_blocks", np.asarray(demand.sample_blocks, dtype=self.idt))
         _put(g, "block_nbytes", np.asarray(demand.block_nbytes, dtype="<i8"))
         _put(g, "block_stored", np.asarray(demand.block_stored, dtype="<i8"))
+        a["layout_bytes"] = 0 if layout is None else write_layout(self.f.create_group("layout"), layout, path, _put)
         # per rank: appendable datasets, a running sha256 each, rows pending a flush
         total = int(np.asarray(demand.sample_ptr).shape[0] - 1)
         per_rank = max(1, -(-total // self.P) * self.E)

@@ -1,6 +1,4 @@
-"""PyTorch surface: :class:`SolarDataset` for ``torch.utils.data.DataLoader`` and
-:func:`init_distributed`.  Imports torch (``import solar`` does not; solar's other modules that
-use torch import it inside functions, bench's baseline aside).
+""":class:`SolarDataset`: one rank's planned batches for ``torch.utils.data.DataLoader``.
 
     ds = SolarDataset("plan.h5")                       # rank from torch.distributed / the launcher
     dl = DataLoader(ds, batch_size=None, num_workers=2, pin_memory=True)
@@ -26,18 +24,14 @@ import numbers
 import os
 import threading
 import weakref
-from datetime import timedelta
 from typing import Iterator, Optional
 
-import torch
-import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
 
-from .errors import SolarError, SpecError
-from .loader import SolarLoader
-from .topology import Topology, detect, launcher
+from ..errors import SolarError, SpecError
+from ..loader import SolarLoader
 
-__all__ = ["SolarDataset", "init_distributed"]
+__all__ = ["SolarDataset"]
 
 _OPEN: "weakref.WeakValueDictionary[str, SolarDataset]" = weakref.WeakValueDictionary()  # token -> dataset
 _TOKENS = itertools.count()
@@ -59,10 +53,15 @@ class SolarDataset(IterableDataset):
     seen: ``ds.state_dict(step=batch["step"] + 1)``.  A pass abandoned mid-epoch with workers
     continues after the batches already fetched; ``load_state_dict`` to go back.
     ``persistent_workers=True`` is refused (a persistent worker cannot see the new epoch).  With
-    workers a custom ``collate_fn`` runs in the worker on step references, not on batches.
+    workers a custom ``collate_fn`` runs in the worker on step references, not on batches: use
+    ``transform=`` / ``sample_transform=`` (SolarLoader's, run in the main process's prefetch
+    thread) instead.  ``device=`` is refused: wrap the DataLoader in :func:`solar.torch.to_device`.
     """
 
     def __init__(self, schedule, data=None, **loader_kwargs):
+        if loader_kwargs.get("device") is not None or getattr(getattr(schedule, "hooks", None), "mover", None):
+            raise SpecError("SolarDataset takes no device=: DataLoader's workers and pin-memory thread expect CPU "
+                            "batches; wrap the DataLoader instead: solar.torch.to_device(DataLoader(ds, ...), device)")
         if isinstance(schedule, SolarLoader):
             if data is not None or loader_kwargs:
                 raise SpecError("SolarDataset(loader) takes no other arguments")
@@ -230,22 +229,3 @@ def _resolve(token: str, step: int):
         return ds._take(step, from_worker=True)
     except Exception:  # noqa: BLE001 - DataLoader re-raises it in the training loop
         return ExceptionWrapper(where=f"in SolarDataset, step {step} (main process)")
-
-
-def init_distributed(backend: Optional[str] = None, timeout_s: float = 1800.0) -> Topology:
-    """Initialise ``torch.distributed`` from the launcher's variables (torchrun, MPI, SLURM;
-    :func:`solar.topology.detect`): rank 0 listens at ``MASTER_ADDR:MASTER_PORT`` when set, else
-    at the first host of SLURM's node list (or localhost).  ``backend``: default ``nccl`` with
-    CUDA (each rank then uses GPU ``local_rank``), else ``gloo``.  Returns the topology; a no-op
-    (returning it) when ``torch.distributed`` is already initialised."""
-    if dist.is_initialized():
-        return launcher()
-    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
-    if not isinstance(backend, str) or not dist.is_backend_available(backend):
-        raise SpecError(f"torch.distributed backend {backend!r} is not available in this torch build")
-    t = detect()
-    if backend == "nccl":
-        torch.cuda.set_device(t.local_rank % torch.cuda.device_count())
-    dist.init_process_group(backend, init_method=f"tcp://{t.master_addr}:{t.master_port}", rank=t.rank,
-                            world_size=t.world_size, timeout=timedelta(seconds=timeout_s))
-    return t

@@ -1,0 +1,86 @@
+#!/usr/bin/env python
+"""The PtychoNN example with PyTorch Lightning (optional: ``pip install lightning``): the same model,
+normalisation and loss as ``train_ptychonn.py``, fed by :class:`solar.torch.SolarDataset` through a
+plain ``DataLoader(batch_size=None)``.  Lightning runs DDP; launch with torchrun:
+
+    solar plan data/ptychonn -P 2 -b 16 --epochs 3 --buffer-fraction 0.5 -o plan.h5
+    torchrun --nproc-per-node 2 examples/train_ptychonn_lightning.py plan.h5 --epochs 3
+
+Each pass over the dataset is the schedule's next epoch (solar's epochs run in plan order), so
+nothing needs ``set_epoch``; ``use_distributed_sampler=False`` because the schedule already says
+which rank reads which samples.  The loss of a rank is its mean times ``batch["weight"]``.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+import trainer
+from train_ptychonn import FIELDS, Ptycho
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("plan", help="schedule file made by solar plan (its world size = the job's)")
+    p.add_argument("--epochs", type=int, default=3, help="epochs (at most the plan's)")
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--width", type=int, default=16)
+    p.add_argument("--depth", type=int, default=3)
+    p.add_argument("--stats-samples", type=int, default=4096)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    args.fields = list(FIELDS)
+    return args
+
+
+def main(argv=None) -> int:
+    import lightning as L
+
+    from solar.torch import SolarDataset
+
+    args = parse_args(argv)
+    ds = SolarDataset(args.plan)   # rank from torchrun's RANK / WORLD_SIZE
+    args.data = ds.loader.schedule.source
+    task = Ptycho()
+    task.configure(args)
+    trainer.quiet_grad_strides()
+    seen: dict = {}  # the buffer's hit and miss counts at the last epoch end
+
+    class Module(L.LightningModule):
+        def setup(self, stage):
+            task.setup(args, trainer.Group())      # per-pixel statistics: torch.distributed is up here
+            torch.manual_seed(args.seed)
+            self.net = task.model(args)
+
+        def training_step(self, batch, _):
+            per = task.losses(self.net, batch, self.device)
+            total = sum(per.values())
+            self.log("loss", total.mean(), on_step=False, on_epoch=True, sync_dist=True, batch_size=len(total))
+            return total.mean() * batch["weight"]
+
+        def on_train_epoch_end(self):
+            st = ds.stats()
+            hits, misses = (st.get(k, 0) - seen.get(k, 0) for k in ("hits", "misses"))
+            seen.update(st)
+            if self.global_rank == 0:
+                print(f"epoch {self.current_epoch}: loss {float(self.trainer.callback_metrics['loss']):.4f}  "
+                      f"buffer hits {hits / max(1, hits + misses):.1%} (rank 0)", flush=True)
+
+        def configure_optimizers(self):
+            return torch.optim.Adam(self.net.parameters(), lr=args.lr)
+
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # torchrun: processes on this node
+    fit = L.Trainer(max_epochs=args.epochs, accelerator="auto", devices=local, strategy="ddp",
+                    num_nodes=int(os.environ.get("WORLD_SIZE", str(local))) // local,
+                    use_distributed_sampler=False, logger=False, enable_checkpointing=False,
+                    enable_progress_bar=False, enable_model_summary=False)
+    fit.fit(Module(), torch.utils.data.DataLoader(ds, batch_size=None, num_workers=0))
+    ds.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

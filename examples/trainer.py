@@ -1,0 +1,696 @@
+"""The training loop the examples share: DDP over ``torch.distributed``, fed by solar or by the
+usual ``DataLoader`` + ``DistributedSampler`` over h5py; per-epoch loss, held-out loss against
+reference predictors, samples/s, loader stall, buffer hit rate; checkpoint/resume; a loss plot.
+
+An example supplies a :class:`Task` (what to read, how to normalise, the model, the per-sample
+losses and the reference predictors) and calls :func:`main`.  Launch with any launcher that
+sets rank variables: ``torchrun``, ``mpiexec`` (MPICH / Open MPI), ``srun``.  mpi4py is not
+used: rank, world size and the rendezvous come from :func:`solar.torch.init_distributed`
+(``MASTER_ADDR``/``MASTER_PORT``, default ``localhost:29500``; set ``MASTER_PORT`` when two
+jobs share a node).
+
+Determinism: inside a local batch samples are put in sample-id order before the forward pass,
+and every reported loss is a sum over samples reduced over ranks, so two loaders that give the
+same global batches (solar and the baseline: the same sets of samples per step) train the same
+model up to float reassociation of the gradient sums.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import socket
+import sys
+import time
+import warnings
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+
+# ----------------------------------------------------------------------------- errors
+def fail(msg: str):
+    """A job error: one line per rank instead of a traceback."""
+    from solar.errors import SolarError
+    raise SolarError(msg)
+
+
+# ----------------------------------------------------------------------------- collectives
+class Group:
+    """The job's ranks over ``torch.distributed`` (object collectives on the default group)."""
+
+    def __init__(self):
+        self.rank, self.size = dist.get_rank(), dist.get_world_size()
+
+    def barrier(self):
+        dist.barrier()
+
+    def bcast(self, obj):
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def allgather(self, obj) -> list:
+        out = [None] * self.size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def allreduce(self, values) -> np.ndarray:
+        """Element-wise sum over ranks of a float64 vector (CPU tensor: gloo)."""
+        t = torch.as_tensor(np.asarray(values, dtype=np.float64))
+        dist.all_reduce(t)
+        return t.numpy()
+
+
+def on_root(g: Group, fn):
+    """``fn()`` on rank 0, its result (or its error) on every rank."""
+    res = None
+    if g.rank == 0:
+        try:
+            res = ("ok", fn())
+        except Exception as exc:  # noqa: BLE001 - re-raised on every rank
+            res = ("err", str(exc) if type(exc).__name__ == "SolarError" else f"{type(exc).__name__}: {exc}")
+    status, val = g.bcast(res)
+    if status == "err":
+        fail(f"on rank 0: {val}")
+    return val
+
+
+# ----------------------------------------------------------------------------- map-style reads
+def sample_reader(path: str, split: Optional[str] = None) -> Tuple[Callable[[np.ndarray], Dict[str, torch.Tensor]],
+                                                                   int, object]:
+    """``(read, n_samples, dataset)`` of ``path`` (its split ``split`` when given): ``read(ids)`` ->
+    ``{field: tensor (len(ids), ...)}`` through h5py, one fancy-index read per field (solar's ``batched``
+    baseline) where the layout allows it, else sample by sample (the ``torch`` baseline)."""
+    from solar.bench.baseline import H5Samples, baseline_dataset, skip_reason
+    from solar.layout import load_layout
+    layout = load_layout(path, split=split) if split else load_layout(path)
+    if skip_reason(layout, "batched") is None:
+        ds = baseline_dataset(path, "batched", layout)
+        return (lambda ids: ds[np.asarray(ids, dtype=np.int64)]), len(ds), ds
+    ds = H5Samples(path, layout)
+
+    def read(ids):
+        rows = [ds[int(i)] for i in ids]
+        return {f: torch.stack([r[f] for r in rows]) for f in rows[0]}
+    return read, len(ds), ds
+
+
+def chunks(ids: np.ndarray, size: int) -> Iterator[np.ndarray]:
+    for lo in range(0, len(ids), size):
+        yield ids[lo:lo + size]
+
+
+def field_moments(g: Group, read, n: int, fields, transform, max_samples: int, chunk: int = 64) -> dict:
+    """Per-element mean and std (float32 tensors shaped like one transformed sample) of each field over
+    ``min(n, max_samples)`` evenly spaced training samples; ranks read disjoint shares, sums in float64."""
+    ids = np.unique(np.linspace(0, n - 1, min(n, max_samples)).round().astype(np.int64))
+    mine = ids[g.rank::g.size]
+    sums: Dict[str, Tuple[torch.Tensor, torch.Tensor]] = {}
+    for part in chunks(mine, chunk):
+        batch = read(part)
+        for f in fields:
+            x = transform(f, batch[f]).double()
+            s, q = sums.get(f, (0.0, 0.0))
+            sums[f] = (x.sum(0) + s, (x * x).sum(0) + q)
+    out = {}
+    for f in fields:
+        shape = tuple(transform(f, read(ids[:1])[f]).shape[1:])
+        s, q = sums.get(f, (torch.zeros(shape, dtype=torch.float64),) * 2)
+        tot = g.allreduce(torch.cat([torch.as_tensor(s).reshape(-1), torch.as_tensor(q).reshape(-1)]).numpy())
+        m = len(ids)
+        mean = tot[:tot.size // 2] / m
+        var = np.maximum(tot[tot.size // 2:] / m - mean * mean, 0.0)
+        out[f] = (torch.from_numpy(mean.reshape(shape)).float(), torch.from_numpy(np.sqrt(var).reshape(shape)).float())
+    return out
+
+
+# ----------------------------------------------------------------------------- tasks
+class Task:
+    """What an example trains.  ``fields``: the dataset fields a batch must hold.  Subclasses set
+    :attr:`stats` in :meth:`setup` (saved in checkpoints), build :meth:`model`, and give per-sample
+    losses of the model (:meth:`losses`) and of reference predictors (:meth:`references`), each a dict
+    ``{part: tensor (n,)}`` whose sum over parts is the loss."""
+
+    name = "task"
+    fields: Tuple[str, ...] = ()
+    stats: dict = {}
+
+    def add_args(self, p: argparse.ArgumentParser):
+        pass
+
+    def configure(self, args):
+        """Take the task's options (before any data is read)."""
+
+    def setup(self, args, g: Group) -> str:
+        """Compute or read the normalisation statistics; returns where they come from (one line)."""
+        raise NotImplementedError
+
+    def model(self, args) -> nn.Module:
+        raise NotImplementedError
+
+    def losses(self, model, batch: dict, device, split: str = "train") -> Dict[str, torch.Tensor]:
+        """``{part: per-sample loss (n,)}`` of ``model`` on ``batch`` (a batch of ``split``: train or held-out)."""
+        raise NotImplementedError
+
+    def references(self, batch: dict, split: str) -> Dict[str, Dict[str, torch.Tensor]]:
+        """``{predictor: {part: per-sample loss (n,)}}``; ``"constant"`` at least."""
+        raise NotImplementedError
+
+
+def sorted_batch(batch: dict, ids: np.ndarray) -> Tuple[dict, np.ndarray]:
+    """The local batch in sample-id order (tensors of the batch's length reordered; others kept)."""
+    order = np.argsort(ids, kind="stable")
+    if np.all(order[:-1] < order[1:]):
+        return batch, ids
+    idx = torch.from_numpy(order)
+    n = len(ids)
+    out = {k: (v[idx] if torch.is_tensor(v) and v.dim() and len(v) == n else v) for k, v in batch.items()}
+    return out, ids[order]
+
+
+# ----------------------------------------------------------------------------- loaders
+class SolarSource:
+    """solar's planned loader: each rank's local batches as the schedule file says."""
+
+    kind = "solar"
+
+    def __init__(self, plan_path: str, data: str, rank: int, pin_memory: bool):
+        from solar.loader import SolarLoader
+        self.loader = SolarLoader(plan_path, data, rank=rank, pin_memory=pin_memory)
+        self.steps_per_epoch = len(self.loader)
+        self.epochs = self.loader.epochs
+        self.local_batch = self.loader.schedule.local_batch
+        self._last: dict = {}
+
+    def state(self) -> dict:
+        return self.loader.state_dict()
+
+    def restore(self, state: dict):
+        self.loader.load_state_dict(state)
+
+    def batches(self, e: int):
+        """``(sample ids, batch, weight)`` for the rest of epoch ``e`` (from the loader's cursor)."""
+        S = self.steps_per_epoch
+        if not e * S <= self.loader.cursor < (e + 1) * S:
+            self.loader.set_epoch(e)  # a fresh epoch; mid-epoch after a resume the cursor is kept
+        for batch in self.loader:
+            yield batch["index"].numpy(), batch, float(batch["weight"])
+
+    def epoch_stats(self) -> dict:
+        """Buffer hits and misses (blocks) since the previous call."""
+        st = self.loader.stats()
+        out = {k: st.get(k, 0) - self._last.get(k, 0) for k in ("hits", "misses")}
+        self._last = st
+        return out
+
+    def close(self):
+        self.loader.close()
+
+
+class _FromOffset(torch.utils.data.Sampler):
+    """A DistributedSampler's indices from position ``skip`` on (resume inside an epoch)."""
+
+    def __init__(self, inner):
+        self.inner, self.skip = inner, 0
+
+    def __iter__(self):
+        return iter(list(self.inner)[self.skip:])
+
+    def __len__(self):
+        return max(0, len(self.inner) - self.skip)
+
+
+class BaselineSource:
+    """What users write: ``DistributedSampler`` + ``DataLoader`` over a map-style h5py dataset, a batch per
+    read (one fancy index per field, solar's ``batched`` baseline) where the layout allows, else per sample."""
+
+    kind = "baseline"
+
+    def __init__(self, data: str, g: Group, local_batch: int, seed: int, workers: int, pin_memory: bool):
+        import multiprocessing
+
+        from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
+
+        from solar.bench.baseline import H5Samples
+        _, n, self.dataset = sample_reader(data)
+        self.sampler = DistributedSampler(range(n), num_replicas=g.size, rank=g.rank, shuffle=True, seed=seed,
+                                          drop_last=False)
+        self.view = _FromOffset(self.sampler)
+        kw = {}
+        if workers:
+            ctx = multiprocessing.get_context("forkserver")  # never fork a process that may hold MPI or threads
+            ctx.set_forkserver_preload(["torch", "h5py", "solar.bench.baseline"])
+            kw = dict(multiprocessing_context=ctx, persistent_workers=True)
+        if isinstance(self.dataset, H5Samples):
+            self.read_kind = "per sample"
+            self.loader = DataLoader(self.dataset, batch_size=local_batch, sampler=self.view,
+                                     num_workers=workers, pin_memory=pin_memory, **kw)
+        else:
+            self.read_kind = "batched"
+            self.loader = DataLoader(self.dataset, batch_size=None, sampler=BatchSampler(self.view, local_batch, False),
+                                     num_workers=workers, pin_memory=pin_memory, **kw)
+        self.local_batch = local_batch
+        self.steps_per_epoch = math.ceil(len(self.sampler) / local_batch)
+        self.epochs = None
+        self.cursor = 0
+        self.ident = dict(n_samples=n, world_size=g.size, local_batch=local_batch, seed=seed)
+
+    def state(self) -> dict:
+        return dict(self.ident, step=self.cursor)
+
+    def restore(self, state: dict):
+        for k, v in self.ident.items():
+            if state.get(k) != v:
+                fail(f"checkpoint was saved by another baseline job ({k}: {state.get(k)!r} != {v!r})")
+        self.cursor = int(state["step"])
+
+    def batches(self, e: int):
+        S, b = self.steps_per_epoch, self.local_batch
+        if not e * S <= self.cursor < (e + 1) * S:
+            self.cursor = e * S
+        first = self.cursor - e * S
+        self.sampler.set_epoch(e)
+        order = np.fromiter(iter(self.sampler), dtype=np.int64)  # what the loader will read, in order
+        self.view.skip = first * b
+        for k, batch in enumerate(self.loader, start=first):
+            self.cursor = e * S + k + 1
+            yield order[k * b:(k + 1) * b], batch, 1.0
+
+    def epoch_stats(self) -> dict:
+        return {}
+
+    def close(self):
+        del self.loader  # ends persistent workers
+        self.dataset.close()
+
+
+# ----------------------------------------------------------------------------- arguments
+def parse_args(task: Task, doc: str, argv=None):
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("data", help="layout spec, or the folder holding solar-layout.json (training data)")
+    p.add_argument("--valid", help="held-out data (layout spec or folder, same fields): loss per epoch against "
+                                   "the reference predictors")
+    p.add_argument("--valid-split", help="held-out data: this split of the training data's spec (e.g. valid)")
+    p.add_argument("--valid-samples", type=int, default=512, help="held-out samples evaluated (the first N)")
+    p.add_argument("--loader", choices=("solar", "baseline"), default="solar")
+    p.add_argument("--plan", help="schedule file (solar); planned on rank 0 when missing")
+    p.add_argument("--replan", action="store_true", help="plan again even if the schedule file exists")
+    p.add_argument("--buffer-fraction", type=float, default=0.5, help="aggregate buffer / dataset, when planning")
+    p.add_argument("--epochs", type=int, help="epochs to train (default: the plan's, or 5)")
+    p.add_argument("--local-batch", type=int, help="samples per rank per step (default: the plan's, or 32)")
+    p.add_argument("--seed", type=int, default=0, help="DistributedSampler / planner seed and model init seed")
+    p.add_argument("--lr", type=float, default=2e-3, help="Adam learning rate")
+    p.add_argument("--stats-samples", type=int, default=4096,
+                   help="training samples (evenly spaced) the normalisation statistics are computed from")
+    p.add_argument("--max-steps", type=int, help="stop after this many training steps in total (counted from "
+                                                  "the start of training, resumed steps included)")
+    p.add_argument("--workers", type=int, default=1, help="baseline: DataLoader worker processes per rank")
+    p.add_argument("--threads", type=int, help="torch CPU threads per rank (default: cores / ranks per node)")
+    p.add_argument("--cpu", action="store_true", help="train on CPU even if CUDA is available")
+    p.add_argument("--checkpoint", help="checkpoint file (model, optimizer, loader position, statistics)")
+    p.add_argument("--checkpoint-every", type=int, default=0, help="also save every N steps (0: epoch ends)")
+    p.add_argument("--resume", action="store_true", help="restore --checkpoint and continue")
+    p.add_argument("--log-json", help="rank 0 writes JSON lines: every step (sample ids per rank as the loader "
+                                      "gave them, loss) and every epoch summary")
+    p.add_argument("--plot", help="rank 0 writes the loss curves here (PNG; needs matplotlib)")
+    task.add_args(p)
+    args = p.parse_args(argv)
+    if args.resume and not args.checkpoint:
+        p.error("--resume needs --checkpoint")
+    if args.valid and args.valid_split:
+        p.error("give --valid or --valid-split, not both")
+    for k in ("epochs", "local_batch", "max_steps", "stats_samples", "valid_samples"):
+        v = getattr(args, k)
+        if v is not None and v < 1:
+            p.error(f"--{k.replace('_', '-')} must be >= 1")
+    return args
+
+
+# ----------------------------------------------------------------------------- set-up
+def default_threads(local_size: int) -> int:
+    """CPUs this process is bound to; when it may use the whole node, an equal share per rank."""
+    mine, node = len(os.sched_getaffinity(0)), os.cpu_count() or 1
+    return max(1, mine if mine < node else node // local_size)
+
+
+def ensure_plan(args, g: Group) -> str:
+    """The schedule file this job runs on, planned on rank 0 when missing or stale."""
+    import solar
+    from solar.errors import SolarError
+    explicit = args.plan is not None
+
+    def work():
+        layout = solar.load_layout(args.data)
+        path = args.plan
+        if path is None:
+            b, E = args.local_batch or 32, args.epochs or 5
+            name = os.path.basename(os.path.normpath(args.data)).split(".")[0] or "data"
+            path = f"solar-plan-{name}-P{g.size}-b{b}-E{E}-s{args.seed}.h5"
+        reason = "--replan" if args.replan else None if os.path.exists(path) else "no schedule file yet"
+        if reason is None:
+            try:
+                with solar.Schedule.load(path, layout=layout, world_size=g.size) as s:
+                    reason = _misfit(s.config, args)
+            except SolarError as exc:
+                reason = str(exc)
+            if reason and explicit:
+                fail(f"{path} does not fit this job: {reason}; pass --replan to plan it again")
+        if reason:
+            t = time.perf_counter()
+            print(f"planning {path} ({reason}) ...", flush=True)
+            solar.plan(args.data, world_size=g.size, local_batch=args.local_batch or 32, epochs=args.epochs or 5,
+                       buffer_fraction=args.buffer_fraction, seed=args.seed, out=path).close()
+            print(f"planned in {time.perf_counter() - t:.1f} s", flush=True)
+        return path
+
+    return on_root(g, work)
+
+
+def _misfit(c, args) -> Optional[str]:
+    """Why a schedule's config does not fit the job (None: it fits)."""
+    wrong = []
+    if args.local_batch is not None and c.local_batch != args.local_batch:
+        wrong.append(f"local batch {c.local_batch} (job: {args.local_batch})")
+    if c.seed != args.seed:
+        wrong.append(f"seed {c.seed} (job: {args.seed})")
+    if args.epochs is not None and c.epochs < args.epochs:
+        wrong.append(f"{c.epochs} epochs (job: {args.epochs})")
+    return "planned for " + ", ".join(wrong) if wrong else None
+
+
+def atomic_save(obj, path: str):
+    tmp = f"{path}.tmp{os.getpid()}"
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+# ----------------------------------------------------------------------------- held-out
+class HeldOut:
+    """This rank's share of the first ``--valid-samples`` held-out samples, evaluated in batches."""
+
+    def __init__(self, path: str, split: Optional[str], g: Group, limit: int, batch: int):
+        self.read, n, self.dataset = sample_reader(path, split)
+        self.fields = tuple(getattr(self.dataset, "fields", None) or self.dataset.samples.fields)
+        self.n = min(n, limit)
+        self.ids = np.arange(self.n, dtype=np.int64)[g.rank::g.size]
+        self.batch, self.g = batch, g
+
+    def evaluate(self, per_sample: Callable[[dict], Dict[str, Dict[str, torch.Tensor]]]) -> Dict[str, dict]:
+        """``{predictor: {part: mean loss over the held-out samples}}``, summed over ranks."""
+        sums: Dict[str, Dict[str, float]] = {}
+        for part in chunks(self.ids, self.batch):
+            batch = self.read(part)
+            batch["index"] = torch.from_numpy(part)
+            for who, parts in per_sample(batch).items():
+                acc = sums.setdefault(who, {})
+                for k, v in parts.items():
+                    acc[k] = acc.get(k, 0.0) + float(v.double().sum())
+        keys = sorted((w, k) for w, parts in sums.items() for k in parts)
+        keys = self.g.bcast(keys)
+        tot = self.g.allreduce([sums.get(w, {}).get(k, 0.0) for w, k in keys])
+        out: Dict[str, dict] = {}
+        for (w, k), v in zip(keys, tot):
+            out.setdefault(w, {})[k] = float(v) / self.n
+        for parts in out.values():
+            parts["total"] = sum(parts.values())
+        return out
+
+    def close(self):
+        self.dataset.close()
+
+
+# ----------------------------------------------------------------------------- plot
+def plot(path: str, title: str, epochs: List[dict], step_losses: List[Tuple[int, float]], steps_per_epoch: int,
+         before: Optional[dict] = None):
+    """Training loss per step and per epoch, held-out loss per epoch (and ``before`` training, at 0), the
+    reference predictors' held-out loss."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    if step_losses:
+        s, v = zip(*step_losses)
+        ax.plot(np.asarray(s) / steps_per_epoch, v, color="0.75", lw=0.8, label="training loss per step")
+    ends = [(e["epoch"] * steps_per_epoch + e["first_step"] % steps_per_epoch + e["steps"]) / steps_per_epoch
+            for e in epochs]
+    ax.plot(ends, [e["loss"] for e in epochs], "o-", color="C0", label="training loss (epoch mean)")
+    held = [(0.0, before["model"]["total"])] if before else []
+    held += [(x, e["valid"]["model"]["total"]) for x, e in zip(ends, epochs) if "valid" in e]
+    if held:
+        ax.plot(*zip(*held), "s-", color="C1", label="held-out loss")
+        for k, (who, parts) in enumerate(sorted(epochs[-1]["valid"].items())):
+            if who != "model":
+                ax.axhline(parts["total"], color=f"C{k + 2}", ls="--", label=f"held-out: {who} predictor")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("loss")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------- training
+def describe_valid(v: Dict[str, dict]) -> str:
+    """``held-out 0.812 (constant 2.110, ...)``."""
+    refs = ", ".join(f"{w} {p['total']:.4f}" for w, p in sorted(v.items()) if w != "model")
+    return f"held-out {v['model']['total']:.4f} ({refs})"
+
+
+def epoch_record(e, first_step, steps, tot, mx, parts, g: Group) -> dict:
+    """The epoch's summary over ranks: ``tot`` sums (loss, samples, stall, hits, misses, seconds, *parts)."""
+    n = max(tot[1], 1)
+    rec = dict(epoch=e, steps=steps, first_step=first_step, loss=tot[0] / n, samples=int(tot[1]), seconds=mx[0],
+               samples_per_s=tot[1] / mx[0] if mx[0] > 0 else 0.0, stall_s_max=mx[1], stall_s_mean=tot[2] / g.size,
+               parts={k: tot[6 + i] / n for i, k in enumerate(parts)})
+    if tot[3] + tot[4]:
+        rec["buffer_hit_rate"] = tot[3] / (tot[3] + tot[4])
+    return rec
+
+
+def check_fields(task: Task, data: str, held: Optional[HeldOut], held_name: str):
+    """A SolarError naming the data and the fields the task needs that it lacks."""
+    from solar.layout import load_layout
+    for name, have in ((data, load_layout(data).field_names), (held_name, held.fields if held else None)):
+        missing = [f for f in task.fields if have is not None and f not in have]
+        if missing:
+            fail(f"{name} has no field(s) {', '.join(missing)} (it has {', '.join(have)})")
+
+
+def quiet_grad_strides():
+    """A 1-channel conv's weight gradient comes back in an equivalent layout with other strides; DDP's
+    warning about it is about speed only (the values are the same): not shown."""
+    warnings.filterwarnings("ignore", message="Grad strides do not match bucket view strides")
+
+
+def train(args, task: Task, g: Group, device: torch.device, threads: int, topo):
+    cuda = device.type == "cuda"
+    quiet_grad_strides()
+    root = g.rank == 0
+
+    def say(*a):
+        if root:
+            print(*a, flush=True)
+
+    # ------------------------------------------------------------- data
+    if args.loader == "solar":
+        plan_path = ensure_plan(args, g)
+        source = SolarSource(plan_path, args.data, g.rank, pin_memory=cuda)
+        if args.local_batch and args.local_batch != source.local_batch:
+            fail(f"{plan_path} has local batch {source.local_batch}, not {args.local_batch}")
+        epochs = args.epochs or source.epochs
+        if epochs > source.epochs:
+            fail(f"{plan_path} has {source.epochs} epochs, the job wants {epochs}; plan more (--replan)")
+        how = f"schedule {plan_path}, reader {source.loader.reader_name}"
+    else:
+        plan_path = None
+        source = BaselineSource(args.data, g, args.local_batch or 32, args.seed, args.workers, pin_memory=cuda)
+        epochs = args.epochs or 5
+        how = f"DataLoader, {args.workers} worker(s), h5py {source.read_kind}"
+    S = source.steps_per_epoch
+    max_steps = min(args.max_steps or epochs * S, epochs * S)
+    held = HeldOut(args.valid or args.data, args.valid_split, g, args.valid_samples, source.local_batch) \
+        if args.valid or args.valid_split else None
+    held_name = args.valid or f"split {args.valid_split} of {args.data}"
+    task.configure(args)
+    check_fields(task, args.data, held, held_name if held else "")
+
+    # ------------------------------------------------------------- model
+    ck = None
+    if args.resume:
+        if not os.path.exists(args.checkpoint):
+            fail(f"--resume: no checkpoint {args.checkpoint}")
+        ck = torch.load(args.checkpoint, map_location="cpu", weights_only=False)
+        if ck["loader_kind"] != source.kind:
+            fail(f"checkpoint was written with --loader {ck['loader_kind']}, not {source.kind}")
+        task.stats = ck["stats"]
+    else:
+        t = time.perf_counter()
+        where = task.setup(args, g)
+        say(f"normalisation statistics: {where} ({time.perf_counter() - t:.1f} s)")
+    torch.manual_seed(args.seed)
+    model = task.model(args).to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+    step = 0
+    if ck is not None:
+        model.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["optimizer"])
+        source.restore(ck["loader"])
+        step = int(ck["step"])
+    ddp = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
+    n_params = sum(p.numel() for p in model.parameters())
+    say(f"{task.name}: {g.size} ranks on {topo.nodes} node(s) ({topo.source or 'one process'}), "
+        f"{dist.get_backend()}, device {device}{'' if cuda else f', {threads} thread(s) per rank'}; "
+        f"model {n_params / 1e6:.3f} M parameters")
+    say(f"loader {source.kind} ({how}): {S} steps per epoch of local batch {source.local_batch}, {epochs} epochs, "
+        f"stop after step {max_steps}" + (f"; held-out: {held.n} samples of {held_name}" if held else ""))
+
+    def save(epoch):
+        if args.checkpoint and root:
+            atomic_save(dict(model=model.state_dict(), optimizer=opt.state_dict(), loader=source.state(),
+                             loader_kind=source.kind, step=step, epoch=epoch, stats=task.stats, args=vars(args)),
+                        args.checkpoint)
+        g.barrier()
+
+    def evaluate() -> Optional[dict]:
+        if held is None:
+            return None
+        model.eval()
+        with torch.no_grad():
+            v = held.evaluate(lambda b: {"model": task.losses(model, b, device, "held-out"),
+                                         **task.references(b, "held-out")})
+        model.train()
+        return v
+
+    log = open(args.log_json, "w" if not args.resume else "a") if args.log_json and root else None
+    mine = dict(steps=0, samples=0, distinct=set(), loss=float("nan"))
+    resumed_at = step if args.resume else None
+    if args.resume:
+        say(f"resumed from {args.checkpoint} at step {step} (epoch {step // S}, step {step % S} of {S})")
+    v0 = None
+    if held is not None and step == 0:
+        v0 = evaluate()
+        say(f"before training: {describe_valid(v0)}")
+        if log:
+            log.write(json.dumps(dict(epoch=-1, valid=v0)) + "\n")
+    history: List[dict] = []
+    step_losses: List[Tuple[int, float]] = []
+    parts: Tuple[str, ...] = ()
+    try:
+        for e in range(step // S, epochs):
+            if step >= max_steps:
+                break
+            first_step = step
+            sums = np.zeros(0)
+            stall = 0.0
+            g.barrier()
+            t0 = time.perf_counter()
+            it = source.batches(e)
+            n_e = 0
+            while step < max_steps:
+                t = time.perf_counter()
+                item = next(it, None)
+                stall += time.perf_counter() - t
+                if item is None:
+                    break
+                delivered, batch, weight = item  # sample ids in the loader's order (logged as such)
+                batch, ids = sorted_batch(batch, delivered)
+                batch.setdefault("index", torch.from_numpy(ids))  # the baseline's batches hold fields only
+                per = task.losses(ddp, batch, device)
+                parts = tuple(per)
+                per_sample = sum(per.values())
+                loss = per_sample.mean() * weight
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                vals = np.array([float(per_sample.detach().double().sum())] +
+                                [float(v.detach().double().sum()) for v in per.values()])
+                sums = vals if not sums.size else sums + vals
+                n_e += len(ids)
+                mine["distinct"].update(int(i) for i in ids)
+                both = g.allreduce([vals[0], len(ids)])
+                step_losses.append((step + 1, float(both[0] / both[1])))
+                if step == resumed_at:
+                    ids0 = g.allgather([int(i) for i in delivered])
+                    say(f"first batch after resume (step {step}): " +
+                        "; ".join(f"rank {r}: {x}" for r, x in enumerate(ids0)))
+                if args.log_json:
+                    rec = g.allgather([int(i) for i in delivered])
+                    if log:
+                        log.write(json.dumps(dict(step=step, epoch=e, index=rec, loss=float(both[0] / both[1]))) + "\n")
+                step += 1
+                if args.checkpoint_every and step % args.checkpoint_every == 0 and step < max_steps:
+                    save(e)
+            if cuda:
+                torch.cuda.synchronize()
+            seconds = time.perf_counter() - t0
+            it.close()
+            extra = source.epoch_stats()
+            if not sums.size:
+                sums = np.zeros(1 + len(parts))
+            tot = g.allreduce([sums[0], n_e, stall, extra.get("hits", 0), extra.get("misses", 0), seconds,
+                               *sums[1:]])
+            per_rank = g.allgather((seconds, stall))
+            mx = [max(r[0] for r in per_rank), max(r[1] for r in per_rank)]
+            steps = step - first_step
+            rec = epoch_record(e, first_step, steps, tot, mx, parts, g)
+            v = evaluate()
+            if v is not None:
+                rec["valid"] = v
+            part = "" if steps == S else f" (steps {first_step % S}..{first_step % S + steps - 1} of {S})"
+            say(f"epoch {e}{part}: loss {rec['loss']:.4f} ("
+                + ", ".join(f"{k} {x:.4f}" for k, x in rec["parts"].items()) + ")"
+                + (f"  {describe_valid(v)}" if v else "")
+                + f"  {rec['samples_per_s']:.1f} samples/s  {rec['seconds']:.1f} s  loader stall "
+                f"{rec['stall_s_max']:.2f} s (max over ranks), {rec['stall_s_mean']:.2f} s (mean)"
+                + (f"  buffer hits {rec['buffer_hit_rate']:.1%}" if "buffer_hit_rate" in rec else ""))
+            history.append(rec)
+            if log:
+                log.write(json.dumps(rec) + "\n")
+                log.flush()
+            mine["steps"] += steps
+            mine["samples"] += n_e
+            mine["loss"] = sums[0] / max(n_e, 1)
+            save(e)
+        print(f"rank {g.rank} of {g.size} on {socket.gethostname()} ({device}): trained {mine['steps']} steps on "
+              f"{mine['samples']} samples ({len(mine['distinct'])} distinct), local loss {mine['loss']:.4f} "
+              "in its last epoch", flush=True)
+        g.barrier()
+        if args.plot and root and history:
+            plot(args.plot, f"{task.name}, loader {source.kind}, {g.size} ranks", history, step_losses, S, v0)
+            say(f"loss plot: {args.plot}")
+        say(f"done: {step} steps")
+    finally:
+        if log:
+            log.close()
+    source.close()
+    if held is not None:
+        held.close()
+
+
+def main(task: Task, doc: str, argv=None) -> int:
+    """Parse, join the job (``torch.distributed``), train; a SolarError ends this rank with one line, status 2."""
+    from solar.errors import SolarError
+    args = parse_args(task, doc, argv)
+    rank = "?"
+    try:
+        from solar.torch import init_distributed
+        cuda = torch.cuda.is_available() and not args.cpu
+        topo = init_distributed(backend="nccl" if cuda else "gloo")
+        rank = topo.rank
+        device = torch.device(topo.device(cuda, torch.cuda.device_count()))
+        threads = args.threads or default_threads(topo.local_size)
+        torch.set_num_threads(threads)
+        train(args, task, Group(), device, threads, topo)
+        dist.destroy_process_group()
+    except SolarError as exc:
+        # the other ranks see this rank's sockets close and fail in their next collective
+        print(f"{task.name}: error on rank {rank}: {exc}", file=sys.stderr, flush=True)
+        return 2
+    return 0

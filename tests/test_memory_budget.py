@@ -1,0 +1,126 @@
+"""The buffer budget is the memory used (issue 13): planner and runtime account memory the same way
+(solar.buffer.sizing), batches and reads in flight counted inside the budget, checked before reading."""
+import subprocess
+import sys
+from unittest import mock
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import solar
+import solar.buffer.sizing as sz
+from solar.buffer import BufferError, rank_memory
+from solar.errors import SpecError
+from solar.loader import SolarLoader
+
+from helpers import STORAGES, make_dataset
+
+PRESETS = ("ptychonn", "well", "pdebench", "pdebench-mult", "cosmoflow")
+
+
+@pytest.fixture(scope="module")
+def datasets(tmp_path_factory):
+    """Every preset x storage variant, small (helpers.make_dataset), with its layout."""
+    root = tmp_path_factory.mktemp("memory")
+    return {(p, s): solar.load_layout(make_dataset(root, p, s)) for p in PRESETS for s in STORAGES}
+
+
+def _budget(layout, frac: float, b: int) -> int:
+    """A per-rank budget of ``frac`` of the data (2 ranks) plus what its batches and bookkeeping take."""
+    n = int(layout.block_nbytes.sum())
+    keep = sz.bookkeeping_bytes(layout.n_samples, layout.block_nbytes.shape[0], layout.sample_blocks.shape[0])
+    per_sample = sz.demand_batch_bytes(layout.sample_ptr, layout.sample_blocks, layout.block_nbytes, 1)
+    return int(frac * n / 2) + sz.reserve_bytes(sz.batch_bytes(layout, 2 * b), keep) + 2 * b * per_sample
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=st.sampled_from([(p, s) for p in PRESETS for s in STORAGES]), b=st.integers(1, 3),
+       frac=st.floats(0.1, 1.3), eps=st.sampled_from([0.0, 0.5]), seed=st.integers(0, 3))
+def test_plans_of_random_configurations_fit_the_budget(datasets, case, b, frac, eps, seed):
+    """Replaying each rank's plan: pools + reads in flight + queued batches + bookkeeping <= the budget
+    (no allowance on top here: the whole reserve is taken from the budget), pools <= 1.05 x budget."""
+    layout = datasets[case]
+    budget = _budget(layout, frac, b)
+    with mock.patch.object(sz, "PLAN_ALLOWANCE", 0):
+        s = solar.plan(layout, world_size=2, local_batch=b, epochs=3, buffer_per_rank=budget, seed=seed,
+                       epsilon=eps)
+        for r in range(2):
+            need = sz.schedule_memory(s, r, layout)
+            assert need.resident <= s.buffer_bytes, (case, r, need)  # per-class pools = the planner's bytes
+            assert need.total <= need.limit <= budget, (case, r, need, budget)
+            assert need.pools <= 1.05 * budget
+    s.close()
+
+
+def test_well_pools_hold_no_evictions_beyond_the_budget(tmp_path):
+    """The Well (blocks of two sizes, many evictions per step): the pools were 1.6-1.7x the planner's
+    budget (io_depth - 1 steps of evictions held on top); now the residency plus at most one batch."""
+    layout = solar.load_layout(make_dataset(tmp_path, "well", samples=4, size=16, steps=30))  # 208 windows
+    path = str(tmp_path / "plan.h5")
+    solar.plan(layout, world_size=2, local_batch=4, epochs=3, buffer_fraction=0.5, out=path).close()
+    for r in range(2):
+        with SolarLoader(path, layout, rank=r, as_torch=False) as loader:
+            bb = sz.batch_bytes(layout, 4)
+            for e in range(3):
+                loader.set_epoch(e)
+                n = sum(len(batch["index"]) for batch in loader)
+                assert n > 0
+            assert loader.stats()["plan_violations"] == 0
+            assert loader.buffer.pools.capacity_bytes <= loader.schedule.buffer_bytes + bb
+
+
+def test_plan_takes_batches_from_the_budget(datasets):
+    """solar.plan plans the residency for the budget minus the queued batches, reads in flight and bookkeeping."""
+    layout = datasets[("ptychonn", "contiguous")]
+    budget = _budget(layout, 0.5, 2)
+    keep = sz.bookkeeping_bytes(layout.n_samples, layout.block_nbytes.shape[0], layout.sample_blocks.shape[0])
+    with mock.patch.object(sz, "PLAN_ALLOWANCE", 0):
+        s = solar.plan(layout, world_size=2, local_batch=2, epochs=2, buffer_per_rank=budget)
+        assert s.buffer_bytes == budget - sz.reserve_bytes(sz.batch_bytes(layout, 2), keep)
+        with pytest.raises(SpecError, match=r"leaves nothing for the buffer: 4 \+ 2 batches of 2 samples"):
+            solar.plan(layout, world_size=2, local_batch=2, epochs=2, buffer_per_rank=1000)
+
+
+def test_too_deep_prefetch_refused_before_reading(datasets, tmp_path):
+    """A prefetch queue the plan has no room for: BufferError naming the figures and the prefetch that
+    fits, at SolarLoader construction, before any block is read."""
+    layout = datasets[("ptychonn", "contiguous")]
+    path = str(tmp_path / "plan.h5")
+    with mock.patch.object(sz, "PLAN_ALLOWANCE", 0):
+        solar.plan(layout, world_size=2, local_batch=2, epochs=2, buffer_per_rank=_budget(layout, 0.5, 2),
+                   out=path).close()
+    from solar.io.pread_reader import PreadReader
+    with mock.patch.object(PreadReader, "read_blocks", side_effect=AssertionError("read")):
+        with pytest.raises(BufferError, match=r"rank 0 needs .*: pools .* 40 \+ 1 batches .* lower prefetch to") as exc:
+            SolarLoader(path, layout, rank=0, prefetch=40, reader="pread")
+        best = int(str(exc.value).split("lower prefetch to ")[1].split()[0])
+        assert 5 <= best < 40  # the plan holds 4 + 2 batches: one more fits, taken from the reads in flight
+        SolarLoader(path, layout, rank=0, prefetch=best, reader="pread").close()
+        with pytest.raises(BufferError):
+            SolarLoader(path, layout, rank=0, prefetch=best + 1, reader="pread")
+
+
+def test_rank_memory_counts_what_the_buffer_allocates(datasets, tmp_path):
+    """The figures the buffer reports are the ones it allocates: pools = slots x slot sizes."""
+    layout = datasets[("pdebench", "chunked")]
+    s = solar.plan(layout, world_size=2, local_batch=2, epochs=2, buffer_per_rank=_budget(layout, 0.5, 2))
+    bb = sz.batch_bytes(layout, 4)
+    need, slots, class_of, class_bytes = rank_memory(s.rank(1), s.demand(), budget=s.buffer_bytes,
+                                                     batch_bytes=bb, prefetch=4, io_depth=4)
+    assert need.pools == int((slots * class_bytes).sum())
+    assert need.batches == 5 * bb and need.total <= need.limit
+    s.close()
+
+
+def test_inspect_reports_memory_per_rank(datasets, tmp_path):
+    layout = datasets[("well", "chunked")]
+    path = str(tmp_path / "plan.h5")
+    solar.plan(layout, world_size=2, local_batch=2, epochs=2, buffer_per_rank=_budget(layout, 0.5, 2),
+               out=path).close()
+    with solar.Schedule.load(path) as s:
+        m = s.summary()["memory_per_rank"]
+    assert m["total"] == m["resident"] + m["staging"] + m["batches"] + m["bookkeeping"] <= m["limit"]
+    out = subprocess.run([sys.executable, "-m", "solar", "inspect", path], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "memory per rank:" in out.stdout and "4 + 1 batches" in out.stdout
