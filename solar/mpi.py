@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 import traceback
+from typing import Optional
 
 
 ABORT_GRACE_S = 0.5
@@ -183,6 +184,25 @@ def leader_call(comm, fn, per_node: bool = False) -> None:
     if first is None:
         return
     if first == comm.Get_rank():
+        raise err
+    raise _rebuild(*sent[first])
+
+
+def agree(comm, err: Optional[BaseException]) -> None:
+    """After a step every rank ran on its own (``err``: what it raised there, or None): raise on every
+    rank of ``comm`` when any rank failed, before anyone goes on into a collective that the failed rank
+    will never reach.  A failed rank raises its own exception; the others a SolarError of the first
+    failed rank's class and message (naming its type and rank when it is not a SolarError).
+    Collective over ``comm`` (None or one rank: just raises ``err``)."""
+    if comm is None or comm.Get_size() <= 1:
+        if err is not None:
+            raise err
+        return
+    sent = comm.allgather(None if err is None else _portable(err, comm.Get_rank()))
+    first = next((i for i, p in enumerate(sent) if p is not None), None)
+    if first is None:
+        return
+    if err is not None:
         raise err
     raise _rebuild(*sent[first])
 

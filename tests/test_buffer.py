@@ -137,7 +137,8 @@ def test_bad_inputs(tmp_path):
     path = str(tmp_path / "plan.h5")
     solar.plan(data, world_size=2, local_batch=2, epochs=1, buffer_fraction=2.0, out=path).close()
     with pytest.raises(ScheduleError, match="planned for world size 2, the job has 3"):
-        SolarLoader(path, data, comm=type("C", (), {"Get_size": lambda s: 3, "Get_rank": lambda s: 0})())
+        SolarLoader(path, data, comm=type("C", (), {"Get_size": lambda s: 3, "Get_rank": lambda s: 0,
+                                                     "allgather": lambda s, x: [x] * 3})())
     # corrupt one gzip chunk: the error names file, dataset and chunk, nothing is delivered
     layout = solar.load_layout(data)
     blk = int(np.flatnonzero(layout.block_offset >= 0)[0])

@@ -212,3 +212,35 @@ def test_lightning_variant_trains_like_the_example(ptycho):
     _, epochs = ptycho["runs"]["solar"]["log"]
     want = [e["loss"] for e in epochs if e["epoch"] >= 0]
     assert got == pytest.approx(want, rel=1e-3), out[-2000:]
+
+
+def test_accelerate_variant_trains_and_resumes_like_the_example(ptycho):
+    """train_ptychonn_accelerate.py (Accelerate's DDP on CPU, SolarDataset in an unprepared DataLoader) on the same
+    schedule: stopped after STOP steps under `accelerate launch`, resumed from accelerator.save_state under torchrun;
+    each (part of an) epoch has the training loss of train_ptychonn.py's runs (stopped, resumed, uninterrupted)."""
+    pytest.importorskip("accelerate")
+    tmp, env = ptycho["tmp"], _env()
+    env["HF_HOME"] = str(tmp / "hf")  # no accelerate config of the user's
+    script = [os.path.join(EXAMPLES, "train_ptychonn_accelerate.py"), ptycho["plan"], "--width", "8", "--depth", "2",
+              "--checkpoint", str(tmp / "accelerate-ck")]
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(P),
+              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+              "--main_process_port", env["MASTER_PORT"]]  # --multi_gpu: torchrun's launcher, also without GPUs
+    torchrun = [os.path.join(os.path.dirname(sys.executable), "torchrun"), "--nproc-per-node", str(P),
+                "--master-addr", "127.0.0.1", "--master-port", env["MASTER_PORT"]]
+    epoch = re.compile(r"^epoch (\d+)(?: \(steps (\d+)\.\.(\d+) of \d+\))?: loss (\d+\.\d+) ", re.MULTILINE)
+    outs = []
+    for cmd in ([*launch, *script, "--max-steps", str(STOP)], [*torchrun, *script, "--resume"]):
+        r = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=180, check=False)
+        outs.append(r.stdout + r.stderr)
+        assert r.returncode == 0, outs[-1][-4000:]
+    got = [[(int(e), int(a or 0), int(b or S - 1), float(x)) for e, a, b, x in epoch.findall(out)] for out in outs]
+    full, part, rest = ([e["loss"] for e in ptycho["runs"]["solar"][k][1] if e["epoch"] >= 0]
+                        for k in ("log", "part", "rest"))  # rest: epoch 0 from step STOP, then part of epoch 1
+    assert [g[:3] for g in got[0]] == [(0, 0, STOP - 1)], outs[0][-2000:]
+    assert [g[:3] for g in got[1]] == [(0, STOP, S - 1), (1, 0, S - 1), (2, 0, S - 1)], outs[1][-2000:]
+    assert f"resumed from {tmp / 'accelerate-ck'} at step {STOP} (epoch 0, step {STOP} of {S})" in outs[1]
+    assert f"done: {EPOCHS * S} steps" in outs[1]
+    losses = [g[3] for g in got[0] + got[1]]
+    assert losses == pytest.approx([part[0], rest[0], full[1], full[2]], rel=1e-3), outs[1][-2000:]
+    assert (STOP * losses[0] + (S - STOP) * losses[1]) / S == pytest.approx(full[0], rel=1e-3)  # all of epoch 0

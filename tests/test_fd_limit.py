@@ -157,3 +157,39 @@ def test_emfile_closes_idle_files_and_shrinks():
         pinned.acquire(k)
     with pytest.raises(OSError, match="Too many open files"):
         pinned.acquire(3)  # every handle pinned: nothing left to close
+
+
+# descriptors used up by something else in the process while max_open is above what the OS allows
+EMFILE_RUN = r"""
+import json, os, resource, sys
+import numpy as np
+from solar.io import get_reader
+from solar.layout import load_layout
+layout = load_layout(sys.argv[1])
+_, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))
+ref = [np.empty(int(layout.block_nbytes[b]), np.uint8) for b in range(layout.n_blocks)]
+with get_reader("pread", layout, threads=1, max_open=4) as rd:
+    rd.read_blocks(np.arange(layout.n_blocks), ref)
+hog = []
+while len(os.listdir("/proc/self/fd")) < 44:
+    hog.append(os.open("/dev/null", os.O_RDONLY))
+out = [np.empty_like(r) for r in ref]
+with get_reader(sys.argv[2], layout, threads=1, max_open=1000) as rd:
+    rd.read_blocks(np.arange(layout.n_blocks), out)
+    stats = rd.open_stats()
+print(json.dumps({"same": all(np.array_equal(a, b) for a, b in zip(ref, out)), **stats}))
+"""
+
+
+@pytest.mark.parametrize("reader", ["pread", "h5py"])
+def test_descriptors_used_up_elsewhere_close_idle_files_and_go_on(tmp_path, reader):
+    """Review finding: the h5py reader turned HDF5's EMFILE into a DecodeError, so the file cache never
+    closed idle files and retried (the pread reader did)."""
+    data = make_dataset(tmp_path, "cosmoflow", samples=40, size=4)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, HERE, os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-c", EMFILE_RUN, data, reader], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["same"] and out["evictions"] > 0

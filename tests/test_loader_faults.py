@@ -28,6 +28,12 @@ class Comm:
     def Get_rank(self):
         return self.rank
 
+    def allgather(self, x):  # one process plays every rank: all of them agree with it
+        return [x] * self.size
+
+    def bcast(self, x, root=0):
+        return x
+
 
 @pytest.mark.parametrize("rank,msg", [
     (1.0, "rank must be an integer, got 1.0"), (True, "rank must be an integer, got True"),

@@ -77,3 +77,22 @@ def test_a_leader_crash_is_a_solar_error_on_the_others(comm):
     else:
         assert type(err.value) is SolarError and str(err.value) == "ValueError on rank 0: bad value 42"
     leader_call(comm, lambda: None)  # and the communicator is still usable
+
+
+@pytest.mark.parametrize("where", ["_read_layout", "rank_memory"])
+def test_a_start_up_error_on_one_rank_is_raised_on_every_rank(comm, shared_tmp, monkeypatch, where):
+    """Review finding: a step each rank runs on its own (reading the stored layout: the data folder missing
+    on one node; one rank's plan over its memory limit) failed on the last rank only, the caller caught it,
+    and the other ranks waited forever in the next collective (the data check, an MPI reader's opens)."""
+    from solar.loader import loader as mod
+    plan, _ = make_job(comm, shared_tmp)
+    real = getattr(mod, where)
+
+    def fails_on_last_rank(*a, **k):
+        if comm.rank == comm.size - 1:
+            raise ScheduleError("data folder missing on this node")
+        return real(*a, **k)
+    monkeypatch.setattr(mod, where, fails_on_last_rank)
+    with pytest.raises(SolarError, match="data folder missing on this node"):
+        SolarLoader(plan, comm=comm, reader="pread", abort_on_error=False)
+    comm.Barrier()  # every rank got here: none is left in a collective

@@ -155,3 +155,33 @@ def test_one_info_line_per_epoch_and_no_handler(job, caplog):
         assert "samples/s), hit rate " in line and ", stall " in line
     assert last["epoch"] == 1 and last["samples"] == 6 and 0.0 <= last["hit_rate"] <= 1.0
     assert logging.getLogger("solar").handlers == [] and logging.getLogger("solar.loader").handlers == []
+
+
+def test_hooks_on_ragged_layouts_and_lists_from_a_transform(tmp_path):
+    """Review finding: with a hook the batch was converted to torch twice (a ragged field's list of tensors,
+    or a transform's list of strings, raised TypeError in the loop); a transform dropping "index" gave KeyError."""
+    import json
+
+    import h5py
+
+    from solar.schedule import plan
+    for i, n in enumerate([4, 6, 8]):
+        with h5py.File(tmp_path / f"f{i}.h5", "w") as f:
+            f["x"] = np.arange(n * 3, dtype="f4").reshape(n, 3) + i
+    json.dump({"solar_layout_spec": 1, "kind": "whole", "files": ["f*.h5"], "fields": ["x"]},
+              open(tmp_path / "solar-layout.json", "w"))
+    plan(str(tmp_path), world_size=1, local_batch=2, epochs=1, buffer_fraction=1.0,
+         out=str(tmp_path / "p.h5")).close()
+    hooks = [dict(transform=lambda b: b), dict(transform=lambda b: {**b, "tags": ["a"] * len(b["index"])}),
+             dict(transform=lambda b: {"x": b["x"]})]
+    for kw in hooks:
+        with SolarLoader(str(tmp_path / "p.h5"), rank=0, **kw) as loader:
+            batches = list(loader)
+        got = sorted(int(i) for b in batches for i in b["index"])
+        assert got == [0, 1, 2]
+        for b in batches:
+            assert isinstance(b["x"], list) and all(isinstance(t, torch.Tensor) for t in b["x"])
+            assert b["weight"] == 1.0
+            for t, i in zip(b["x"], b["index"].tolist()):
+                with h5py.File(tmp_path / f"f{i}.h5") as f:
+                    assert np.array_equal(t.numpy(), f["x"][()])

@@ -363,3 +363,14 @@ def test_as_the_loaders_transform(well):
         assert set(a) == set(b) and torch.equal(a["index"], b["index"])
         for k in ("input_fields", "output_fields", "constant_scalars", "boundary_conditions", "input_time_grid"):
             assert torch.equal(a[k], b[k]), k
+
+
+def test_a_transform_of_another_layout_is_refused_by_the_loader(well):
+    """Review finding: a WellTransform built on one split's layout, given batches of another split, mapped
+    the sample ids through the wrong files (wrong scalars, boundary conditions, grids) without an error."""
+    from solar.errors import SpecError
+    lay, other = layout_of(well, 2, 1, 2), layout_of(well, 1, 1, 1)
+    assert lay.fingerprint != other.fingerprint
+    sched = solar.plan(lay, world_size=1, local_batch=3, epochs=1, buffer_fraction=0.95)
+    with pytest.raises(SpecError, match="WellTransform was built for another layout"):
+        SolarLoader(sched, lay, rank=0, transform=WellTransform(other), abort_on_error=False)

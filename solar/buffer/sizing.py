@@ -229,10 +229,11 @@ def residency_budget(budget: int, demand, local_batch: int, epsilon: float, layo
     return int(budget - reserve)
 
 
-def schedule_memory(schedule, rank: int, layout=None, prefetch: int = DEFAULT_PREFETCH, io_depth: int = 4):
+def schedule_memory(schedule, rank: int, layout=None, prefetch: int = DEFAULT_PREFETCH, io_depth: int = 4,
+                    keep: bool = True):
     """:class:`MemoryNeed` of rank ``rank`` running ``schedule`` (a :class:`~solar.schedule.Schedule`)
     with ``prefetch`` queued batches; batches sized from ``layout`` (default: the layout the schedule
-    stores, else bounded from its sample -> block map)."""
+    stores, else bounded from its sample -> block map).  ``keep``: leave the rank's slice cached."""
     d = schedule.demand()
     if layout is None and getattr(schedule, "has_layout", False):
         layout = schedule.layout()
@@ -241,7 +242,7 @@ def schedule_memory(schedule, rank: int, layout=None, prefetch: int = DEFAULT_PR
         d["sample_ptr"], d["sample_blocks"], d["block_nbytes"], n)
     keep = bookkeeping_bytes(np.shape(d["sample_ptr"])[0] - 1, np.shape(d["block_nbytes"])[0],
                              np.shape(d["sample_blocks"])[0])
-    return memory_need(schedule.rank(rank), np.asarray(d["block_nbytes"], np.int64),
+    return memory_need(schedule.rank(rank, keep=keep), np.asarray(d["block_nbytes"], np.int64),
                        residency_budget=schedule.buffer_bytes, batch=batch, bookkeeping=keep, prefetch=prefetch,
                        io_depth=io_depth)[0]
 
@@ -258,8 +259,9 @@ def schedule_memory_summary(schedule) -> dict:
     """``MemoryNeed.to_dict()`` of the rank of ``schedule`` that needs most, with the default prefetch
     (``solar inspect plan.h5``, ``solar plan``); ``{"error": ...}`` if a rank's slice cannot be read."""
     from ..errors import SolarError
-    try:
-        needs = [schedule_memory(schedule, r) for r in range(schedule.world_size)]
+    try:  # the layout decoded once; one rank's slice in memory at a time
+        layout = schedule.layout() if getattr(schedule, "has_layout", False) else None
+        needs = [schedule_memory(schedule, r, layout, keep=False) for r in range(schedule.world_size)]
     except SolarError as exc:
         return {"error": str(exc)}
     return max(needs, key=lambda m: m.total).to_dict()

@@ -6,6 +6,8 @@ import json
 import sys
 
 from .argtypes import byte_size, epsilon, fraction, non_negative_int, positive_int
+from ..errors import SpecError
+from ..schedule.make import DEFAULT_WINDOW
 from ..scheduler.policies import POLICIES
 
 EPILOG = """\
@@ -15,6 +17,7 @@ predicted hits.  Each rank of the training job reads only its own slice.
 
 examples:
   solar plan data/ptychonn --world-size 2 --local-batch 32 --epochs 10 --buffer-fraction 0.5 -o plan.h5
+  solar plan data/ptychonn -P 2 -b 32 --epochs auto --window 5 --buffer-fraction 0.5 -o open.h5
   solar plan data/well/solar-layout.json -P 64 -b 4 --epochs 100 --buffer-per-rank 2GiB --seed 7 -o well.h5
   solar plan data/well --split valid --fields t0_fields/density -P 2 -b 4 --epochs 1 --buffer-fraction 0.5
   solar inspect plan.h5
@@ -28,7 +31,11 @@ def add_parser(sub):
     p.add_argument("spec", metavar="SPEC", help="layout spec, folder holding solar-layout.json, or HDF5 file")
     p.add_argument("-P", "--world-size", type=positive_int, required=True, help="number of training ranks")
     p.add_argument("-b", "--local-batch", type=positive_int, required=True, help="samples per rank per step")
-    p.add_argument("--epochs", type=positive_int, required=True)
+    p.add_argument("--epochs", type=epochs_arg, default="auto",
+                   help="epochs to plan, or 'auto' (default): open-ended training, planned a window at a time")
+    p.add_argument("--window", type=positive_int,
+                   help=f"with --epochs auto: epochs per window (default {DEFAULT_WINDOW}); the file holds the "
+                        f"first, the loader plans the next ones in the background")
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--buffer-per-rank", type=byte_size, help="decoded bytes each rank may buffer (2GiB, 5e8)")
     g.add_argument("--buffer-fraction", type=fraction, help="aggregate buffer / dataset bytes")
@@ -46,13 +53,26 @@ def add_parser(sub):
     return p
 
 
+def epochs_arg(text: str):
+    """``--epochs``: a positive integer, or ``auto`` (open-ended)."""
+    if text == "auto":
+        return text
+    try:
+        return positive_int(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer or 'auto', got {text!r}") from None
+
+
 def run(args) -> int:
     from ..schedule import plan
     from ..schedule.summary import format_schedule
+    if args.window is not None and args.epochs != "auto":
+        raise SpecError(f"--window {args.window} needs --epochs auto (open-ended); --epochs {args.epochs} plans "
+                        f"every epoch up front")
     s = plan(args.spec, world_size=args.world_size, local_batch=args.local_batch, epochs=args.epochs,
              buffer_per_rank=args.buffer_per_rank, buffer_fraction=args.buffer_fraction, seed=args.seed,
              drop_last=args.drop_last, epsilon=args.epsilon, policy=args.policy, out=args.output,
-             progress=sys.stderr.isatty(), split=args.split, fields=args.fields)
+             progress=sys.stderr.isatty(), split=args.split, fields=args.fields, window=args.window)
     summary = s.summary()
     s.close()
     print(json.dumps(summary, indent=2) if args.json else format_schedule(summary))

@@ -19,6 +19,7 @@ HDF5 (PyPI wheels are not).
 """
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Sequence
 from functools import partial
@@ -43,7 +44,22 @@ def _open_entry(files, open_file, file: int) -> tuple:
     try:
         return open_file(path), {}
     except OSError as exc:
+        no_files = _out_of_descriptors(exc)
+        if no_files:  # the file cache closes idle files and retries (solar.io.fdcache)
+            raise OSError(no_files, f"cannot open {path} with h5py: {os.strerror(no_files)}") from None
         raise DecodeError(f"cannot open {path} with h5py: {_first_line(exc)}") from None
+
+
+def _out_of_descriptors(exc: OSError) -> int:
+    """EMFILE / ENFILE when HDF5 failed to open a file for want of descriptors (h5py reports the errno in
+    its message, not always in ``errno``), else 0."""
+    if exc.errno in (errno.EMFILE, errno.ENFILE):
+        return exc.errno
+    text = str(exc)
+    for code in (errno.EMFILE, errno.ENFILE):
+        if f"errno = {code}," in text or f"[Errno {code}]" in text:
+            return code
+    return 0
 
 
 def _close_entry(entry: tuple) -> None:

@@ -194,6 +194,7 @@ class PreadReader(BlockReader):
         self._files = FileCache(partial(open_fd, layout.files, self.readahead), os.close,
                                 max_open_option(o["max_open"], self.name))
         self._pool = None
+        self._pool_lock = threading.Lock()
         self._pid = os.getpid()
         self._local = threading.local()
 
@@ -234,7 +235,8 @@ class PreadReader(BlockReader):
         if os.getpid() == self._pid:
             self._files.close_all()
         else:
-            self._files.forget()  # the parent's descriptors: its own reader closes them
+            for fd in self._files.forget():  # this (forked) process's copies; the parent closes its own
+                os.close(fd)
         super().close()
 
     # ----------------------------------------------------------------- read
@@ -253,8 +255,9 @@ class PreadReader(BlockReader):
         if self.threads == 1 or R == 1:
             self._work(plan, blocks, out, counter, failed)
         else:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="solar-pread")
+            with self._pool_lock:  # the buffer calls read_blocks from several I/O threads: one pool
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="solar-pread")
             futs = [self._pool.submit(self._work, plan, blocks, out, counter, failed)
                     for _ in range(min(self.threads, R))]
             wait(futs)  # every worker has finished writing into `out` before we return or raise

@@ -30,7 +30,7 @@ import threading
 from collections import deque
 from typing import List, Optional, Sequence
 
-from ..errors import SpecError
+from ..errors import LayoutError, SpecError
 from .build import FileScan, scan_file
 from .spec import LayoutSpec
 
@@ -140,7 +140,7 @@ class _Pool:
                 self._send_next(proc, pending)
             pickle.dump(None, proc.stdin)
             proc.stdin.close()
-        except (OSError, EOFError, pickle.PickleError, ValueError):
+        except Exception:  # noqa: BLE001 - whatever ended the helper (pipe, bad reply): its chunks are read here
             with self.lock:
                 self.returned.extend(pending)
         finally:
@@ -223,7 +223,7 @@ def scan_files(spec: LayoutSpec, paths: Sequence[str], workers: Optional[int] = 
             raise res[1]
         scans.extend(res[1])
     if len(scans) != len(paths):  # pragma: no cover - every chunk is read here or by a helper
-        raise RuntimeError(f"layout scan lost files: {len(scans)} of {len(paths)} read")
+        raise LayoutError(f"layout scan lost files: {len(scans)} of {len(paths)} read (a bug: please report it)")
     return scans
 
 

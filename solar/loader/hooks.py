@@ -62,7 +62,9 @@ class BatchHooks:
         if self.sample_transform is not None:
             out = self._per_sample(step, out)
         if self.transform is not None:
+            index = out["index"]
             out = _call(self.transform, "transform", step, out)
+            out.setdefault("index", index)  # the loader's weight and the user's checks need the sample ids
         if self.mover is not None:
             out = self.mover.stage(out)
         return out
@@ -84,6 +86,16 @@ class BatchHooks:
         batch = {k: _stack([r[k] for r in results]) for k in keys}
         batch["index"] = index
         return batch
+
+
+def bind_layout(layout, *hooks) -> None:
+    """Tell each hook that has a ``bind_layout(layout)`` method which layout its batches come from (a
+    transform that maps sample ids to files, like :class:`solar.well.WellTransform`, checks it was built
+    for this layout: a batch's ``index`` means nothing against another one)."""
+    for fn in hooks:
+        bind = getattr(fn, "bind_layout", None)
+        if callable(bind):
+            bind(layout)
 
 
 def _call(fn: Callable, name: str, step: int, arg: dict) -> dict:

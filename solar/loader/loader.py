@@ -3,25 +3,33 @@ through the buffer manager, with the readers doing the I/O.
 
     loader = SolarLoader("plan.h5", "data/ptychonn", comm=MPI.COMM_WORLD)
     # loader.load_state_dict(checkpoint["loader"])    # to resume: the loop below then goes on
-    for epoch in range(loader.epoch, loader.epochs):  # from the exact next step
+    for epoch in loader.epoch_range():    # from the exact next step (open-ended: endless)
         loader.set_epoch(epoch)
         for batch in loader:              # {field: tensor (n, ...), "index": ids, "weight": float}
             loss = (criterion(model(batch["diffraction"]), ...) * batch["weight"])
 """
 from __future__ import annotations
 
+import itertools
 import numbers
 import weakref
-from typing import Optional
+from typing import Callable, Optional, Sequence, TYPE_CHECKING, Union
 
 import numpy as np
 
 from ..buffer import BufferManager, batch_bytes, rank_memory
 from ..buffer.sizing import max_local_batch
 from ..errors import SolarError, SpecError
+from ..mpi import agree
 from ..schedule import Schedule
 from .assemble import BatchAssembler
-from .hooks import BatchHooks, EpochLog
+from .extend import WindowPlanner
+from .hooks import BatchHooks, EpochLog, bind_layout
+
+if TYPE_CHECKING:  # annotations only
+    import torch
+
+    from ..layout import Layout
 
 
 class SolarLoader:
@@ -70,44 +78,79 @@ class SolarLoader:
 
     Resuming: after :meth:`load_state_dict` the cursor is inside epoch
     ``loader.epoch``; ``set_epoch(loader.epoch)`` keeps it, so the loop
-    ``for e in range(loader.epoch, loader.epochs): loader.set_epoch(e); for b in loader``
+    ``for e in loader.epoch_range(): loader.set_epoch(e); for b in loader``
     yields exactly the steps an uninterrupted run had left.
+
+    Open-ended schedules (``solar plan --epochs auto --window K``): ``loader.epochs`` is None and
+    :meth:`epoch_range` is ``itertools.count(loader.epoch)`` (the training loop breaks out when it is
+    done, e.g. when the validation loss stops improving).  The file holds window 0 (epochs 0..K-1);
+    when the loader starts window w it plans window w+1 in a background thread
+    (:class:`~solar.loader.extend.WindowPlanner`: the same deterministic planner on every rank, no
+    file, no communication), so the loop waits only if planning a window takes longer than training
+    one (logged once on ``logging.getLogger("solar")``).  At a window edge the buffer is restarted:
+    the new one first reads the blocks the plan holds resident there (at most the buffer budget,
+    once per window; not counted as the epoch's misses), then follows the new window's plan.
+    ``load_state_dict`` accepts a step in any window (the windows before it are planned first).
     """
 
-    def __init__(self, schedule, data=None, *, comm=None, rank: Optional[int] = None, reader: Optional[str] = None,
-                 threads: int = 16, prefetch: int = 4, pin_memory: bool = False, as_torch: bool = True,
-                 verify: bool = True, reader_options: Optional[dict] = None, epoch_fence: bool = False,
-                 abort_on_error: bool = True, fields=None, transform=None, sample_transform=None, device=None,
-                 verify_data: str = "fast", verify_scope: str = "job"):
+    def __init__(self, schedule: Union[str, Schedule], data: Union[str, "Layout", None] = None, *, comm=None,
+                 rank: Optional[int] = None, reader: Optional[str] = None, threads: int = 16, prefetch: int = 4,
+                 pin_memory: bool = False, as_torch: bool = True, verify: bool = True,
+                 reader_options: Optional[dict] = None, epoch_fence: bool = False, abort_on_error: bool = True,
+                 fields: Optional[Sequence[str]] = None, transform: Optional[Callable[[dict], dict]] = None,
+                 sample_transform: Optional[Callable[[dict], dict]] = None,
+                 device: Union[str, "torch.device", None] = None,
+                 verify_data: str = "fast", verify_scope: str = "job") -> None:
         from ..io import default_reader_name, get_reader
         from ..schedule.verify import check_mode
         if not isinstance(abort_on_error, bool):
             raise SpecError(f"abort_on_error must be True or False, got {abort_on_error!r}")
         self._guard = _install_guard(self, comm) if abort_on_error else None
         check_mode(verify_data, verify_scope)
-        self.schedule = schedule if isinstance(schedule, Schedule) else Schedule.load(schedule)
-        world = comm.Get_size() if comm is not None else self.schedule.world_size
-        self.rank = _check_rank(rank, comm, world)
-        self.schedule.check(world_size=world)
-        self.layout = _open_layout(self.schedule, data, comm, verify_data, verify_scope)
-        self.schedule.check(layout=self.layout)
         self.comm = comm
-        self.rank_plan = self.schedule.rank(self.rank)
-        self.demand = self.schedule.demand()
-        # this rank's memory (solar.buffer.sizing), checked against what the plan was made for before any file
-        # is opened (whether it fits does not depend on the reader: reads in flight get what is left)
-        self.batch_bytes = batch_bytes(self.layout, max_local_batch(self.schedule.config))
-        self.memory = rank_memory(self.rank_plan, self.demand, budget=self.schedule.buffer_bytes,
-                                  batch_bytes=self.batch_bytes, prefetch=prefetch, io_depth=4)[0]
-        self.assembler = BatchAssembler(self.layout, pin_memory=pin_memory, fields=fields)
-        self.hooks = BatchHooks(transform, sample_transform, device, as_torch, to_torch=self._to_torch)
-        self.reader_name = reader or default_reader_name(self.layout, comm)
+        # Start-up alternates steps each rank runs on its own, which may fail on some ranks only (a file
+        # missing on one node, one rank's plan over the memory limit), with collectives (the data check, an
+        # MPI reader's opens): after each local part every rank learns whether any failed (mpi.agree) and
+        # all raise together, so none is left waiting in a collective the failed rank never reaches.
+        err, stored = None, False
+        try:
+            self.schedule = schedule if isinstance(schedule, Schedule) else Schedule.load(schedule)
+            world = comm.Get_size() if comm is not None else self.schedule.world_size
+            self.rank = _check_rank(rank, comm, world)
+            self.schedule.check(world_size=world)
+            self.layout, stored = _read_layout(self.schedule, data)
+        except Exception as exc:  # noqa: BLE001 - raised on every rank by agree
+            err = exc
+        agree(comm, err)
+        if stored:  # the stored layout against the files: one rank of comm checks, every rank gets the verdict
+            from ..schedule.verify import verify_data as verify
+            verify(self.schedule, self.layout, verify_data, comm, verify_scope)
+        try:
+            self.schedule.check(layout=self.layout)
+            self.rank_plan = self.schedule.rank(self.rank)
+            self.demand = self.schedule.demand()
+            # this rank's memory (solar.buffer.sizing), checked against what the plan was made for before any
+            # file is opened (whether it fits does not depend on the reader: reads in flight get what is left)
+            self.batch_bytes = batch_bytes(self.layout, max_local_batch(self.schedule.config))
+            self.memory = rank_memory(self.rank_plan, self.demand, budget=self.schedule.buffer_bytes,
+                                      batch_bytes=self.batch_bytes, prefetch=prefetch, io_depth=4)[0]
+            self.assembler = BatchAssembler(self.layout, pin_memory=pin_memory, fields=fields)
+            self.hooks = BatchHooks(transform, sample_transform, device, as_torch, to_torch=self._to_torch)
+            bind_layout(self.layout, transform, sample_transform)
+            self.reader_name = reader or default_reader_name(self.layout, comm)
+        except Exception as exc:  # noqa: BLE001 - raised on every rank by agree
+            err = exc
+        agree(comm, err)
+        if reader is None and comm is not None and comm.Get_size() > 1:  # one reader for all (ulimit may differ)
+            self.reader_name = comm.bcast(self.reader_name, root=0)
         self.reader = get_reader(self.reader_name, self.layout, comm=comm, threads=threads,
                                  **(reader_options or {}))  # last: nothing after it can fail
         self.epoch_log = EpochLog(self.rank)
         self.prefetch, self.as_torch, self.verify, self.epoch_fence = prefetch, as_torch, verify, epoch_fence
         self.S = self.schedule.steps_per_epoch
-        self.epochs = self.schedule.epochs
+        self.open_ended = self.schedule.open_ended
+        self.epochs: Optional[int] = None if self.open_ended else self.schedule.epochs  # None: no last epoch
+        self.windows = WindowPlanner(self.schedule, self.rank, self.rank_plan) if self.open_ended else None
         self.cursor = 0  # next global step
         self.buffer: Optional[BufferManager] = None
         self._step_total = None  # global batch size per step, read lazily (see _weight)
@@ -120,6 +163,11 @@ class SolarLoader:
     def epoch(self) -> int:
         return self.cursor // self.S
 
+    def epoch_range(self):
+        """The epoch positions left to train: ``range(loader.epoch, loader.epochs)``, or for an open-ended
+        schedule ``itertools.count(loader.epoch)`` (endless: the training loop decides when to stop)."""
+        return itertools.count(self.epoch) if self.open_ended else range(self.epoch, self.epochs)
+
     def set_epoch(self, e: int):
         """Position the loader in epoch position ``e``.
 
@@ -128,8 +176,10 @@ class SolarLoader:
         next ``for batch in loader`` goes on from the cursor.  Any other epoch:
         seek to its first step.
         """
-        if isinstance(e, bool) or not isinstance(e, numbers.Integral) or not 0 <= e < self.epochs:
-            raise SpecError(f"epoch {e!r} out of range: the schedule has epochs 0..{self.epochs - 1}")
+        if isinstance(e, bool) or not isinstance(e, numbers.Integral) or e < 0 or (
+                not self.open_ended and e >= self.epochs):
+            raise SpecError(f"epoch {e!r} out of range: the schedule has epochs "
+                            + ("0, 1, ... (open-ended)" if self.open_ended else f"0..{self.epochs - 1}"))
         if self.cursor // self.S != e:
             self._seek(int(e) * self.S)
 
@@ -145,7 +195,12 @@ class SolarLoader:
         return self.hooks.produce(step, out)
 
     def _start_buffer(self):
-        self.buffer = BufferManager(self.rank_plan, self.demand, self.reader, self._assemble,
+        plan = self.rank_plan
+        if self.open_ended:  # this window's plan (planned first if need be); the next one in the background
+            w = self.cursor // (self.S * self.schedule.window)
+            plan = self.windows.rank_plan(w)
+            self.windows.prepare(w + 1)
+        self.buffer = BufferManager(plan, self.demand, self.reader, self._assemble,
                                     budget=self.schedule.buffer_bytes, prefetch=self.prefetch, start=self.cursor,
                                     verify=self.verify, fence=self.S if self.epoch_fence else None,
                                     batch_bytes=self.batch_bytes)
@@ -157,8 +212,10 @@ class SolarLoader:
 
     def __iter__(self):
         """The remaining steps of the current epoch."""
-        if self.cursor >= self.schedule.n_steps:
+        if not self.open_ended and self.cursor >= self.schedule.n_steps:
             raise SolarError(f"the schedule's {self.epochs} epochs are used up; plan more epochs")
+        if self.buffer is not None and self.cursor >= self.buffer.stop:  # open-ended: at a window edge
+            self._stop_buffer()
         if self.buffer is None:
             self._start_buffer()
         end = (self.cursor // self.S + 1) * self.S
@@ -190,8 +247,8 @@ class SolarLoader:
         for k, v in out.items():
             if isinstance(v, np.ndarray):
                 res[k] = torch.from_numpy(v)
-            elif isinstance(v, list):
-                res[k] = [torch.from_numpy(x) for x in v]
+            elif isinstance(v, list):  # samples of different shapes; a transform's list passes through
+                res[k] = [torch.from_numpy(x) if isinstance(x, np.ndarray) else x for x in v]
             else:
                 res[k] = v
         return res
@@ -217,8 +274,10 @@ class SolarLoader:
         if isinstance(g, bool) or not isinstance(g, numbers.Integral):
             raise SpecError(f"loader state step must be an integer, got {g!r}")
         g = int(g)
-        if not 0 <= g <= self.schedule.n_steps:
+        if not self.open_ended and not 0 <= g <= self.schedule.n_steps:
             raise SpecError(f"state step {g} outside the schedule's {self.schedule.n_steps} steps")
+        if g < 0:
+            raise SpecError(f"state step {g} is negative (an open-ended schedule has steps 0, 1, ...)")
         self._seek(g)
 
     # --------------------------------------------------------------- stats
@@ -235,6 +294,8 @@ class SolarLoader:
         """Stop the prefetch thread, close the reader (collective for MPI readers) and the schedule,
         and remove the abort hooks."""
         self._stop_buffer()
+        if self.windows is not None:
+            self.windows.close()
         self.reader.close()
         self.schedule.close()
         if self._guard is not None:
@@ -252,22 +313,19 @@ class SolarLoader:
         self.close()
 
 
-def _open_layout(schedule: Schedule, data, comm, verify_data: str, verify_scope: str):
-    """The layout to serve: ``data`` (a Layout, or built from a spec path's HDF5 metadata), else the one
-    the schedule stores (no data file opened; checked as ``verify_data`` says, on one rank of ``comm``
-    per ``verify_scope``), else built from the dataset path the schedule names (format versions 1, 2).
-    Its fingerprint is compared with the schedule's by the caller."""
+def _read_layout(schedule: Schedule, data):
+    """``(layout, stored)``: the layout to serve: ``data`` (a Layout, or built from a spec path's HDF5
+    metadata), else the one the schedule stores (``stored`` True: no data file opened; the caller checks
+    it against the files as ``verify_data`` says), else built from the dataset path the schedule names
+    (format versions 1, 2).  Its fingerprint is compared with the schedule's by the caller."""
     from ..layout import Layout, load_layout
     if data is None and schedule.has_layout:
-        from ..schedule.verify import verify_data as verify
-        layout = schedule.layout()
-        verify(schedule, layout, verify_data, comm, verify_scope)
-        return layout
+        return schedule.layout(), True
     if data is None:
         if not schedule.source:
             raise SpecError("the schedule does not name its dataset: pass data=<layout spec path>")
         data = schedule.source
-    return data if isinstance(data, Layout) else load_layout(data)
+    return (data if isinstance(data, Layout) else load_layout(data)), False
 
 
 def _check_rank(rank, comm, world: int) -> int:

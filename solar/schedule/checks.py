@@ -82,6 +82,14 @@ def check_sizes(cfg: PlanConfig, n_samples: int, n_blocks: int, steps: int, ids:
         raise Damaged(f"id_dtype is {ids!r}, expected {id_dtype(n_samples, n_blocks).str!r}")
 
 
+def check_window(open_ended: bool, window: int, epochs: int):
+    """An open-ended file holds one window of ``window`` = ``epochs`` epochs; a fixed one has window 0."""
+    if open_ended and window != epochs:
+        raise Damaged(f"window is {window}, but the open-ended schedule holds {epochs} epochs")
+    if not open_ended and window != 0:
+        raise Damaged(f"window is {window} in a schedule that is not open-ended (expected 0)")
+
+
 # ------------------------------------------------------------------- arrays
 def check_meta(name: str, dtype: np.dtype, shape: Tuple[int, ...], want_dtype, want_shape: Sequence[Optional[int]],
                max_bytes: int):

@@ -1,11 +1,12 @@
-"""The schedule file format (HDF5), version 3 (version 1 and 2 files are still read).
+"""The schedule file format (HDF5), version 4 (version 1, 2 and 3 files are still read).
 
 ::
 
     /                       attrs: format="solar-schedule", version, solar_version, policy, config (JSON of
                             PlanConfig), fingerprint (layout's), source, source_abs, n_samples, n_blocks,
                             steps_per_epoch, id_dtype, layout_bytes (bytes of /layout, 0: none),
-                            complete (1 once fully written), header_sha256
+                            open_ended (1: the job's epochs are not fixed), window (epochs planned in the
+                            file when open-ended, 0 otherwise), complete (1 once fully written), header_sha256
     /demand/sample_ptr      int64[N+1]  sample -> blocks CSR (what the buffer needs to know of the layout)
     /demand/sample_blocks   id[nnz]
     /demand/block_nbytes    int64[B]    decoded bytes (buffer slots)
@@ -37,6 +38,12 @@ when planning ("" for both when planned from a Layout or Demand object).  In ver
 and there was no ``source_abs``.  Versions 1 and 2 have no ``/layout`` (and no ``layout_bytes``):
 the loader builds the layout from the HDF5 files.  Version 3 writes ``/layout`` whenever the plan
 was made from a dataset (not from a bare :class:`~solar.scheduler.Demand`).
+
+Version 4 adds ``open_ended`` and ``window`` (both covered by ``header_sha256``).  An open-ended
+schedule (``solar plan --epochs auto --window K``) holds the first window: ``config.epochs`` = K
+epochs planned with :class:`~solar.scheduler.run.PlanRun` ``open_ended=True`` (the last epoch's
+evictions see the next epoch's uses); the loader plans windows 2, 3, ... itself, with the same
+deterministic planner (:mod:`solar.loader.extend`).  Files of versions 1-3 are fixed-epoch.
 """
 from __future__ import annotations
 
@@ -49,14 +56,15 @@ import h5py
 import numpy as np
 
 FORMAT = "solar-schedule"
-VERSION = 3
-READABLE_VERSIONS = (1, 2, 3)
+VERSION = 4
+READABLE_VERSIONS = (1, 2, 3, 4)
 STATS = ("hits", "hit_bytes", "misses", "miss_bytes", "stored_bytes")
 RANK_LISTS = ("samples", "load", "evict")
 HEADER_KEYS_V1 = ("format", "version", "solar_version", "policy", "config", "fingerprint", "source", "n_samples",
                   "n_blocks", "steps_per_epoch", "id_dtype")
 HEADER_KEYS_V2 = HEADER_KEYS_V1 + ("source_abs",)
-HEADER_KEYS = HEADER_KEYS_V2 + ("layout_bytes",)
+HEADER_KEYS_V3 = HEADER_KEYS_V2 + ("layout_bytes",)
+HEADER_KEYS = HEADER_KEYS_V3 + ("open_ended", "window")
 
 
 def id_dtype(n_samples: int, n_blocks: int) -> np.dtype:
@@ -65,7 +73,7 @@ def id_dtype(n_samples: int, n_blocks: int) -> np.dtype:
 
 def header_keys(version: int) -> Tuple[str, ...]:
     """The root attributes ``header_sha256`` covers in files of format ``version``."""
-    return {1: HEADER_KEYS_V1, 2: HEADER_KEYS_V2}.get(version, HEADER_KEYS)
+    return {1: HEADER_KEYS_V1, 2: HEADER_KEYS_V2, 3: HEADER_KEYS_V3}.get(version, HEADER_KEYS)
 
 
 def header_digest(attrs, version: int = VERSION) -> str:

@@ -1,12 +1,13 @@
 """``solar.plan``: layout -> planner -> schedule file."""
 from __future__ import annotations
 
-from typing import Optional, Union
+import numbers
+from typing import Optional, Tuple, Union
 
 from ..errors import SpecError
 from ..scheduler.config import MAX_BYTES, PlanConfig, check_count, check_fraction, parse_bytes
 from ..scheduler.policies import get_policy
-from ..scheduler.run import Demand, run_policy
+from ..scheduler.run import Demand, PlanRun
 from ..scheduler.sampler import steps_per_epoch
 from ..scheduler.simulate import dataset_bytes
 from .output import check_folder, check_target
@@ -28,19 +29,45 @@ def buffer_bytes(demand: Demand, world_size: int, buffer_per_rank=None, buffer_f
     return parse_bytes(buffer_per_rank)
 
 
-def plan(data: Union[str, "Demand", object], *, world_size: int, local_batch: int, epochs: int,
+#: Epochs in a window of an open-ended schedule when ``window`` is not given.
+DEFAULT_WINDOW = 10
+
+
+def epochs_and_window(epochs, window) -> Tuple[int, int]:
+    """``(epochs planned in the file, window)`` for ``epochs`` (a positive int, or ``"auto"``: open-ended)
+    and ``window`` (None, or a positive int, only with ``"auto"``); window 0 means a fixed-epoch job."""
+    if epochs == "auto":
+        k = DEFAULT_WINDOW if window is None else window
+        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:
+            raise SpecError(f"window must be a positive integer (epochs planned at a time), got {window!r}")
+        return int(k), int(k)
+    if isinstance(epochs, str):
+        raise SpecError(f"epochs must be a positive integer or 'auto' (open-ended), got {epochs!r}")
+    check_count("epochs", epochs)
+    if window is not None:
+        raise SpecError(f"window={window!r} needs epochs='auto' (open-ended training); with epochs={epochs!r} "
+                        f"every epoch is planned up front")
+    return int(epochs), 0
+
+
+def plan(data: Union[str, "Demand", object], *, world_size: int, local_batch: int, epochs: Union[int, str],
          buffer_per_rank=None, buffer_fraction: Optional[float] = None, seed: int = 0, drop_last: bool = False,
          epsilon: float = 0.0, policy: str = "solar", out: Optional[str] = None, progress: bool = False,
-         split: Optional[str] = None, fields=None) -> Schedule:
+         split: Optional[str] = None, fields=None, window: Optional[int] = None) -> Schedule:
     """Plan a job and write its schedule to ``out`` (in memory if None); returns the open :class:`Schedule`.
 
     ``data``: a layout spec path / folder / HDF5 file, a :class:`~solar.layout.Layout`
     or a :class:`~solar.scheduler.Demand`; ``split``/``fields`` (a path only): plan that split / those
     fields of the spec (:meth:`~solar.layout.LayoutSpec.select`).  The file stores the layout (format
     version 3, ``/layout``) unless ``data`` is a Demand, so that the job's ranks read no HDF5 metadata.
+
+    ``epochs="auto"``: open-ended training (no epoch count known); the file holds the first ``window``
+    epochs (default :data:`DEFAULT_WINDOW`) and :class:`~solar.loader.SolarLoader` plans the following
+    windows as training goes (needs a policy with the identity epoch order and a bounded lookahead).
     """
-    for name, v in (("world_size", world_size), ("local_batch", local_batch), ("epochs", epochs)):
+    for name, v in (("world_size", world_size), ("local_batch", local_batch)):
         check_count(name, v)
+    epochs, window = epochs_and_window(epochs, window)
     pol = get_policy(policy)
     if pol.single_buffer:
         raise SpecError(f"policy {policy!r} is a bound with one shared buffer, not a per-rank plan; "
@@ -63,10 +90,11 @@ def plan(data: Union[str, "Demand", object], *, world_size: int, local_batch: in
                      residency_budget(budget, demand, local_batch, epsilon, None if data is demand else data),
                      seed=seed, drop_last=drop_last, epsilon=epsilon)
     S = steps_per_epoch(demand.n_samples, world_size, local_batch, drop_last)
-    w = ScheduleWriter(out, demand, cfg, pol.name, S, source=source, layout=None if data is demand else data)
+    run = PlanRun(demand, cfg, pol, record=True, open_ended=window > 0)  # before the file: SpecError leaves none
+    w = ScheduleWriter(out, demand, cfg, pol.name, S, source=source, layout=None if data is demand else data,
+                       window=window)
     try:
-        res = run_policy(demand, cfg, pol, record=True, on_epoch=w.add_epoch, progress=progress)
-        h5 = w.close(res)
+        h5 = w.close(run.advance(cfg.epochs, on_epoch=w.add_epoch, progress=progress))
     except BaseException:  # errors, a full disk, Ctrl-C, SIGTERM: no temporary file is left behind
         w.abort()
         raise

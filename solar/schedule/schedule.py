@@ -98,6 +98,8 @@ class Schedule:
                                                      "id_dtype", "header_sha256")}
         self.source_abs = checks.attr_str(a, "source_abs") if self.version > 1 else ""
         self.layout_bytes = checks.attr_int(a, "layout_bytes") if self.version > 2 else 0
+        self.open_ended = bool(checks.attr_int(a, "open_ended", 0, 1)) if self.version > 3 else False
+        self.window = checks.attr_int(a, "window", 0, 2**31) if self.version > 3 else 0
         ints = {k: checks.attr_int(a, k) for k in ("n_samples", "n_blocks", "steps_per_epoch")}
         if header_digest(a, self.version) != texts["header_sha256"]:
             raise ScheduleError(f"{self.path}: header checksum mismatch: the file is damaged")
@@ -107,6 +109,7 @@ class Schedule:
         self.n_samples, self.n_blocks = ints["n_samples"], ints["n_blocks"]
         self.steps_per_epoch = ints["steps_per_epoch"]
         checks.check_sizes(self.config, self.n_samples, self.n_blocks, self.steps_per_epoch, texts["id_dtype"])
+        checks.check_window(self.open_ended, self.window, self.config.epochs)
         self.id_dtype = np.dtype(texts["id_dtype"])
         ranks = self._f["ranks"] if "ranks" in self._f else None
         P = self.world_size
@@ -179,7 +182,8 @@ class Schedule:
         self.close()
 
     def __repr__(self):
-        return (f"Schedule({self.path!r}, policy={self.policy}, world_size={self.world_size}, epochs={self.epochs}, "
+        epochs = f"open-ended, window={self.window}" if self.open_ended else f"epochs={self.epochs}"
+        return (f"Schedule({self.path!r}, policy={self.policy}, world_size={self.world_size}, {epochs}, "
                 f"steps_per_epoch={self.steps_per_epoch})")
 
     @contextmanager
@@ -238,6 +242,7 @@ class Schedule:
 
     @property
     def epochs(self) -> int:
+        """Epochs planned in the file (of an open-ended schedule: its first window, ``window``)."""
         return self.config.epochs
 
     @property
@@ -259,17 +264,21 @@ class Schedule:
         return int(self.epoch_order[e])
 
     # ----------------------------------------------------------------- ranks
-    def rank(self, r: int) -> RankPlan:
+    def rank(self, r: int, keep: bool = True) -> RankPlan:
         """Rank ``r``'s slice, read once and verified: ids in range, the replay of its plan (residency,
-        budget) and, with ``verify``, checksums and its samples against DistributedSampler's batches."""
+        budget) and, with ``verify``, checksums and its samples against DistributedSampler's batches.
+        ``keep=False``: not kept after the call (a pass over every rank's slice holds one at a time)."""
         if isinstance(r, bool) or not isinstance(r, (int, np.integer)) or not 0 <= r < self.world_size:
             raise ScheduleError(f"rank {r!r} out of range: the schedule has world size {self.world_size}")
         r = int(r)
-        if r not in self._ranks:
-            demand = self.demand()
-            with self._reading(f"ranks/{r}"):
-                self._ranks[r] = RankPlan(r, self._read_rank(r, demand["block_nbytes"]))
-        return self._ranks[r]
+        if r in self._ranks:
+            return self._ranks[r]
+        demand = self.demand()
+        with self._reading(f"ranks/{r}"):
+            plan = RankPlan(r, self._read_rank(r, demand["block_nbytes"]))
+        if keep:
+            self._ranks[r] = plan
+        return plan
 
     def _read_rank(self, r: int, block_nbytes: np.ndarray) -> Dict[str, np.ndarray]:
         """``/ranks/<r>`` arrays, each checked before it is read (counts first) and after."""
@@ -364,6 +373,7 @@ class Schedule:
         return {"path": self.path, "policy": self.policy, "solar_version": self.solar_version,
                 "fingerprint": self.fingerprint, "source": self.source_rel, "source_abs": self.source_abs,
                 "format_version": self.version, "config": self.config.to_dict(), "layout_bytes": self.layout_bytes,
+                "open_ended": self.open_ended, "window": self.window,
                 "n_samples": self.n_samples, "n_blocks": self.n_blocks, "steps_per_epoch": self.steps_per_epoch,
                 "source_epochs": self.epoch_order.tolist(), "file_bytes": _file_size(self.path), **p,
                 "memory_per_rank": schedule_memory_summary(self)}

@@ -10,8 +10,7 @@ def format_schedule(s: dict) -> str:
     lines = [f"schedule {s['path']} (policy {s['policy']}, solar {s['solar_version']}{size})",
              f"  planned for: {s.get('source_abs') or s['source'] or 'a layout'}  fingerprint {s['fingerprint'][:16]}  "
              f"({s['n_samples']:,} samples, {s['n_blocks']:,} blocks)",
-             f"  job: world size {c['world_size']}, local batch {c['local_batch']}, {c['epochs']} epochs x "
-             f"{s['steps_per_epoch']} steps, buffer {human_bytes(c['buffer_bytes'])} per rank, seed {c['seed']}, "
+             f"  job: world size {c['world_size']}, local batch {c['local_batch']}, {_epochs_text(s)}, buffer {human_bytes(c['buffer_bytes'])} per rank, seed {c['seed']}, "
              f"drop_last {'yes' if c['drop_last'] else 'no'}, epsilon {c['epsilon']}",
              _layout_line(s),
              "  epoch  sampler-epoch  hit rate  read from storage  local batch",
@@ -28,6 +27,15 @@ def format_schedule(s: dict) -> str:
     if s.get("memory_per_rank"):
         lines.append(f"  memory per rank: {_memory_text(s['memory_per_rank'])}")
     return "\n".join(lines)
+
+
+def _epochs_text(s: dict) -> str:
+    """``"10 epochs x 5 steps"``, or for an open-ended schedule ``"open-ended, window 4 (...), 5 steps per epoch"``."""
+    e, steps = s["config"]["epochs"], s["steps_per_epoch"]
+    if not s.get("open_ended"):
+        return f"{e} epochs x {steps} steps"
+    return (f"open-ended, window {s['window']} (epochs 0..{e - 1} planned in the file, the loader plans the next "
+            f"windows as training goes), {steps} steps per epoch")
 
 
 def _layout_line(s: dict) -> str:

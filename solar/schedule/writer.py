@@ -32,11 +32,12 @@ class ScheduleWriter:
     under a temporary name and renamed when :meth:`close` completes it, so a crashed
     run never leaves a file that looks complete; :meth:`abort` removes it (a failed
     write, e.g. a full disk, raises :class:`~solar.errors.WriteError` from the next call).
+    ``window`` > 0: an open-ended job whose first ``window`` (= ``cfg.epochs``) epochs are written.
     """
 
     def __init__(self, path: Optional[str], demand: Demand, cfg: PlanConfig, policy: str, steps_per_epoch: int,
-                 source: str = "", flush_bytes: int = 256 << 20, layout=None):
-        self.path, self.cfg, self.S = path, cfg, steps_per_epoch
+                 source: str = "", flush_bytes: int = 256 << 20, layout=None, window: int = 0):
+        self.path, self.cfg, self.S, self.window = path, cfg, steps_per_epoch, int(window)
         self.P, self.E = cfg.world_size, cfg.epochs
         self.idt = id_dtype(demand.n_samples, demand.n_blocks)
         self.flush_bytes = flush_bytes
@@ -67,6 +68,7 @@ class ScheduleWriter:
             put_text(a, k, v)
         a["version"], a["n_samples"], a["n_blocks"] = VERSION, demand.n_samples, demand.n_blocks
         a["steps_per_epoch"], a["complete"] = steps_per_epoch, 0
+        a["open_ended"], a["window"] = int(self.window > 0), self.window  # window > 0: the first window of K epochs
         g = self.f.create_group("demand")
         _put(g, "sample_ptr", np.asarray(demand.sample_ptr, dtype="<i8"))
         _put(g, "sample_blocks", np.asarray(demand.sample_blocks, dtype=self.idt))

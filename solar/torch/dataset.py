@@ -135,7 +135,7 @@ class SolarDataset(IterableDataset):
         if self._span is not None:
             return self._span
         g, steps = self.loader.cursor, self.loader.S
-        if g >= self.loader.schedule.n_steps:
+        if not self.loader.open_ended and g >= self.loader.schedule.n_steps:  # open-ended: planned as it goes
             raise SolarError(f"the schedule's {self.loader.epochs} epochs are used up; plan more epochs")
         return g, (g // steps + 1) * steps
 

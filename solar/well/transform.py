@@ -75,6 +75,7 @@ class WellTransform:
         if normalization is not None and normalization not in NORMALIZATIONS:
             raise SpecError(f"normalization must be None, 'zscore' or 'rms', got {normalization!r}")
         self.layout = layout
+        self.fingerprint = layout.fingerprint
         self.n_steps_input = layout.spec.n_steps_input
         self.n_steps_output = layout.spec.n_steps_output
         self.dt = layout.spec.dt
@@ -142,6 +143,15 @@ class WellTransform:
             self._scale[fld.path] = tuple(vals)
 
     # ------------------------------------------------------------ batches
+    def bind_layout(self, layout) -> None:
+        """Called by ``SolarLoader(transform=...)`` with the layout its batches come from: sample ids map to
+        files and trajectories through this transform's layout, so the two must be the same (a layout of
+        another split or other files would give wrong scalars, boundary conditions and grids, silently)."""
+        if layout.fingerprint != self.fingerprint:
+            raise SpecError(f"WellTransform was built for another layout ({self.layout.spec.name or 'fingerprint'} "
+                            f"{self.fingerprint}) than the loader's ({layout.fingerprint}): build it with "
+                            f"WellTransform(loader.layout) or the same split")
+
     def __call__(self, batch: dict) -> dict:
         """The batch in WellDataset's format (module docstring); ``batch`` is not modified."""
         import torch
