@@ -165,7 +165,7 @@ def _least_due_pick(ptr, P, cnt, limit, due, slot, cap_t):
     return _rr_next(ptr, P, cnt, limit)
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)  # background window planning (open-ended) runs beside training
 def run_epoch(idx, bounds, acc_ptr, nu, step0, P, cap_lo, cap_hi, target, mode, evict_kind, budget,
               boundary_steps, sample_ptr, sample_blocks, block_nbytes, block_stored, block_count,
               keys, prio, used, hk, hb, hn, res_bytes, owner, stamp, n_res,
@@ -530,7 +530,7 @@ def run_epoch(idx, bounds, acc_ptr, nu, step0, P, cap_lo, cap_hi, target, mode, 
     return n_load, n_evict
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def ht_rebuild(keys, prio, used, new_keys, new_prio, new_used):
     """Copy live entries into fresh (EMPTY-filled) arrays, dropping tombstones."""
     for i in range(keys.shape[0]):
@@ -540,7 +540,7 @@ def ht_rebuild(keys, prio, used, new_keys, new_prio, new_used):
             new_used[h] = used[i]
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def next_use(idx, bounds, step0, idx_f, n_future, acc_ptr, P, per_rank, sample_ptr, sample_blocks, last, nu):
     """Fill ``nu`` (int64[A], aligned with ``acc_ptr``) with each access's next use step.
 

@@ -2,7 +2,7 @@
 
     ds = SolarDataset("plan.h5")                       # rank from torch.distributed / the launcher
     dl = DataLoader(ds, batch_size=None, num_workers=2, pin_memory=True)
-    for epoch in range(ds.epoch, ds.epochs):
+    for epoch in ds.epoch_range():                     # range(ds.epoch, ds.epochs); endless if open-ended
         ds.set_epoch(epoch)
         for batch in dl:            # {field: tensor (n, ...), "index", "weight", "step"}
             ...
@@ -87,8 +87,13 @@ class SolarDataset(IterableDataset):
         return self.loader.epoch
 
     @property
-    def epochs(self) -> int:
+    def epochs(self) -> Optional[int]:
+        """Epochs the schedule plans; None for an open-ended schedule (``solar plan --epochs auto``)."""
         return self.loader.epochs
+
+    def epoch_range(self):
+        """The epoch positions left to train (:meth:`SolarLoader.epoch_range`)."""
+        return self.loader.epoch_range()
 
     def set_epoch(self, epoch: int):
         """:meth:`SolarLoader.set_epoch <solar.loader.SolarLoader.set_epoch>`: a no-op inside ``epoch``."""
