@@ -61,7 +61,8 @@ def train_lines(epochs: list, hits: dict) -> list:
         ideal = hits.get("ideal", [None] * (e + 1))[e] if e < len(hits.get("ideal", [])) else None
         planned = hits.get("solar", [None] * (e + 1))[e] if e < len(hits.get("solar", [])) else None
         h = "-" if hit is None else f"{hit:.1%}"
-        h += "" if ideal is None else f" (planned {planned:.1%}, ideal {ideal:.1%})"
+        # solar simulate plans with the whole budget; the training's plan keeps the queued batches inside it
+        h += "" if ideal is None else f" (simulated at the whole budget: solar {planned:.1%}, ideal {ideal:.1%})"
         v = r.get("valid", {})
         loss = f"held-out {v['model']['total']:.4f} vs constant {v['constant']['total']:.4f}" if v else ""
         out.append(f"  epoch {e}: buffer hits {h};  {r['samples_per_s']:.1f} samples/s;  loader stall "
