@@ -88,9 +88,7 @@ def test_plan_violation_is_counted_and_data_stays_right(tmp_path):
     layout = solar.load_layout(data)
     sched = solar.plan(layout, world_size=1, local_batch=4, epochs=1, buffer_fraction=1.5)
     rp = sched.rank(0)
-    arrays = {n: getattr(rp, n) for n in ("samples", "load", "evict", "stats")}
-    for n in ("samples", "load", "evict"):
-        arrays[n + "_count"] = np.diff(getattr(rp, n + "_ptr"))
+    arrays = rp.arrays()
     arrays["load"] = arrays["load"][1:]  # drop the first load: the plan now calls that block a hit
     arrays["load_count"] = arrays["load_count"].copy()
     arrays["load_count"][0] -= 1

@@ -141,9 +141,7 @@ def test_plan_loading_a_block_twice_in_one_step_is_refused(tmp_path):
     layout = solar.load_layout(data)
     sched = solar.plan(layout, world_size=1, local_batch=4, epochs=1, buffer_fraction=1.5)
     rp = sched.rank(0)
-    arrays = {n: getattr(rp, n) for n in ("samples", "load", "evict", "stats")}
-    for n in ("samples", "load", "evict"):
-        arrays[n + "_count"] = np.diff(getattr(rp, n + "_ptr"))
+    arrays = rp.arrays()
     first = int(rp.load[0])
     arrays["load"] = np.concatenate([[first], rp.load])
     arrays["load_count"] = arrays["load_count"].copy()

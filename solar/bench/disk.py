@@ -153,6 +153,17 @@ def _check_depth(depth: int, max_bytes: int, max_seconds: float):
         raise SolarError(f"max_seconds must be > 0, got {max_seconds!r}")
 
 
+def _timed(work, depth: int, fds, deadline: list, max_seconds: float) -> float:
+    """Seconds for ``work`` on ``depth`` threads (:func:`_parallel`), ``deadline[0]`` set ``max_seconds``
+    ahead for the workers to check; ``fds`` closed afterwards, also on an error."""
+    try:
+        deadline[0] = time.perf_counter() + max_seconds
+        return _parallel(work, depth)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
 def cold_random_read(paths: Iterable[str], extents, *, depth: int = 16, max_bytes: int = 256 * MIB,
                      max_seconds: float = 3.0, seed: int = 0) -> dict:
     """Cold random-read bandwidth at the layout's block size with ``depth`` reads in flight.
@@ -185,12 +196,7 @@ def cold_random_read(paths: Iterable[str], extents, *, depth: int = 16, max_byte
                 break
             done[t, 0] += os.preadv(fds[fi], [view[:n]], int(off))
             done[t, 1] += 1
-    try:
-        deadline[0] = time.perf_counter() + max_seconds
-        seconds = _parallel(work, depth)
-    finally:
-        for fd in fds:
-            os.close(fd)
+    seconds = _timed(work, depth, fds, deadline, max_seconds)
     nbytes, reads = int(done[:, 0].sum()), int(done[:, 1].sum())
     block = int(np.median(ext[:, 2]))
     r = _result(paths, nbytes, seconds, f"cold: {how}, then POSIX_FADV_RANDOM and {depth} threads each issuing "
@@ -232,12 +238,7 @@ def cold_parallel_sequential_read(paths: Iterable[str], *, request: int = 8 * MI
             n = os.preadv(fds[fi], [view[:min(request, sizes[fi] - off)]], off)
             with lock:
                 total[0] += n
-    try:
-        deadline[0] = time.perf_counter() + max_seconds
-        seconds = _parallel(work, depth)
-    finally:
-        for fd in fds:
-            os.close(fd)
+    seconds = _timed(work, depth, fds, deadline, max_seconds)
     r = _result(paths, total[0], seconds, f"cold: {how}, then POSIX_FADV_SEQUENTIAL and {depth} threads issuing "
                                           f"{request / MIB:g} MiB preadv requests front to back")
     r.update(depth=depth, request_bytes=request)

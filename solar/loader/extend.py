@@ -1,4 +1,4 @@
-"""Open-ended schedules: one rank plans the windows after the file's first, in the background.
+"""Open-ended schedules: each rank plans the windows after the file's first, in the background.
 
 An open-ended schedule file (``solar plan --epochs auto --window K``) holds epochs ``0..K-1``.
 Window ``w`` is epochs ``wK .. (w+1)K - 1`` (global steps ``wKS .. (w+1)KS - 1``, S steps per
@@ -52,10 +52,7 @@ class WindowPlanner:
     def __init__(self, schedule, rank: int, first: RankPlan):
         self.schedule, self.rank = schedule, int(rank)
         self.K, self.S, self.P = schedule.window, schedule.steps_per_epoch, schedule.world_size
-        first_arrays = {n: getattr(first, n) for n in RANK_LISTS}
-        first_arrays.update({n + "_count": np.diff(getattr(first, n + "_ptr")).astype(np.int32) for n in RANK_LISTS})
-        first_arrays["stats"] = first.stats
-        self.slices: Dict[int, WindowSlice] = {0: WindowSlice(0, first_arrays, np.zeros(0, np.int64))}
+        self.slices: Dict[int, WindowSlice] = {0: WindowSlice(0, first.arrays(), np.zeros(0, np.int64))}
         self.run: Optional[PlanRun] = None  # created (and window 0 replayed) by the first extension
         self.planned = 1  # windows planned so far: the engine state is at the end of window planned - 1
         self.n_blocks = schedule.n_blocks
@@ -64,7 +61,6 @@ class WindowPlanner:
         self._error: Optional[BaseException] = None
         self._warned = False
         self.plan_s: Dict[int, float] = {}  # seconds spent planning each window (0: the replay)
-
 
     # ---------------------------------------------------------------- planning
     def _replay(self) -> PlanRun:

@@ -57,6 +57,14 @@ class RankPlan:
             setattr(self, name + "_ptr", _ptr(arrays[name + "_count"]))
         self.stats = arrays["stats"]
 
+    def arrays(self) -> Dict[str, np.ndarray]:
+        """The constructor's ``arrays`` (id lists, int32 ``<name>_count`` per step, ``stats``): to build
+        a modified plan (``RankPlan(rank, {**plan.arrays(), ...})``)."""
+        out = {n: getattr(self, n) for n in RANK_LISTS}
+        out.update({n + "_count": np.diff(getattr(self, n + "_ptr")).astype(np.int32) for n in RANK_LISTS})
+        out["stats"] = self.stats
+        return out
+
     @property
     def n_steps(self) -> int:
         return int(self.stats.shape[0])
