@@ -78,7 +78,7 @@ def test_plan_takes_batches_from_the_budget(datasets):
     with mock.patch.object(sz, "PLAN_ALLOWANCE", 0):
         s = solar.plan(layout, world_size=2, local_batch=2, epochs=2, buffer_per_rank=budget)
         assert s.buffer_bytes == budget - sz.reserve_bytes(sz.batch_bytes(layout, 2), keep)
-        with pytest.raises(SpecError, match=r"leaves nothing for the buffer: 4 \+ 2 batches of 2 samples"):
+        with pytest.raises(SpecError, match=r"budget of 1000 B per rank leaves nothing for the buffer: 2 \+ 2 batches of 2 samples"):
             solar.plan(layout, world_size=2, local_batch=2, epochs=2, buffer_per_rank=1000)
 
 
@@ -95,7 +95,7 @@ def test_too_deep_prefetch_refused_before_reading(datasets, tmp_path):
         with pytest.raises(BufferError, match=r"rank 0 needs .*: pools .* 40 \+ 1 batches .* lower prefetch to") as exc:
             SolarLoader(path, layout, rank=0, prefetch=40, reader="pread")
         best = int(str(exc.value).split("lower prefetch to ")[1].split()[0])
-        assert 5 <= best < 40  # the plan holds 4 + 2 batches: one more fits, taken from the reads in flight
+        assert 3 <= best < 40  # the plan holds 2 + 2 batches: one more fits, taken from the reads in flight
         SolarLoader(path, layout, rank=0, prefetch=best, reader="pread").close()
         with pytest.raises(BufferError):
             SolarLoader(path, layout, rank=0, prefetch=best + 1, reader="pread")
@@ -107,9 +107,9 @@ def test_rank_memory_counts_what_the_buffer_allocates(datasets, tmp_path):
     s = solar.plan(layout, world_size=2, local_batch=2, epochs=2, buffer_per_rank=_budget(layout, 0.5, 2))
     bb = sz.batch_bytes(layout, 4)
     need, slots, class_of, class_bytes = rank_memory(s.rank(1), s.demand(), budget=s.buffer_bytes,
-                                                     batch_bytes=bb, prefetch=4, io_depth=4)
+                                                     batch_bytes=bb, prefetch=2, io_depth=4)
     assert need.pools == int((slots * class_bytes).sum())
-    assert need.batches == 5 * bb and need.total <= need.limit
+    assert need.batches == 3 * bb and need.total <= need.limit
     s.close()
 
 
@@ -123,4 +123,4 @@ def test_inspect_reports_memory_per_rank(datasets, tmp_path):
     assert m["total"] == m["resident"] + m["staging"] + m["batches"] + m["bookkeeping"] <= m["limit"]
     out = subprocess.run([sys.executable, "-m", "solar", "inspect", path], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    assert "memory per rank:" in out.stdout and "4 + 1 batches" in out.stdout
+    assert "memory per rank:" in out.stdout and "2 + 1 batches" in out.stdout

@@ -10,6 +10,8 @@ import os
 import time
 from typing import Optional
 
+from ..buffer.sizing import DEFAULT_PREFETCH
+
 
 def rss_bytes() -> int:
     """This process's resident set size now (Linux /proc)."""
@@ -21,7 +23,7 @@ def rss_bytes() -> int:
 
 
 def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float = 0.0, drop_cache=None,
-              reader: Optional[str] = None, threads: int = 16, prefetch: int = 4, progress: bool = False,
+              reader: Optional[str] = None, threads: int = 16, prefetch: int = DEFAULT_PREFETCH, progress: bool = False,
               abort_on_error: bool = True) -> dict:
     """Time SolarLoader epoch by epoch, measured as the baseline is (drop, barrier, timed loop).
 
@@ -174,7 +176,7 @@ def _reset_peak(cg, node):
 
 def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fraction: Optional[float] = 0.5,
           buffer_per_rank=None, seed: int = 0, cold: bool = True, cache_mode: str = "file", step_time: float = 0.0,
-          num_workers: int = 2, reader: Optional[str] = None, threads: int = 16, prefetch: int = 4,
+          num_workers: int = 2, reader: Optional[str] = None, threads: int = 16, prefetch: int = DEFAULT_PREFETCH,
           schedule: Optional[str] = None, loaders=("solar", "baseline"), baselines=None, equal_memory: bool = False,
           memory_allowance: Optional[int] = None, disk_depth: int = 16, progress: bool = False,
           abort_on_error: bool = True) -> dict:

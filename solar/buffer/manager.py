@@ -1,5 +1,7 @@
 """The per-rank buffer manager: executes a rank's plan (evict, load, verify hits) in a
-background thread, a configurable number of steps ahead of the training loop.
+background thread ahead of the training loop: the reads of up to ``io_depth`` steps in
+flight, and at most ``prefetch`` assembled batches waiting (reads run up to
+``prefetch + io_depth`` steps ahead; only assembled batches cost batch memory).
 
 It consumes the schedule (its rank slice and sample -> block map) and a reader;
 it never sees a dataset object.  What a step's blocks become (a torch batch, for
@@ -28,7 +30,7 @@ import numpy as np
 
 from ..errors import SolarError
 from .pool import SlotPools
-from .sizing import bookkeeping_bytes, memory_need
+from .sizing import DEFAULT_PREFETCH, bookkeeping_bytes, memory_need
 
 
 class BufferError(SolarError):
@@ -51,6 +53,10 @@ class StepStats:
     assemble_s: float = 0.0
     stall_s: float = 0.0         # time the training loop waited for this step
     plan_violations: int = 0     # blocks the plan called hits that were not resident (read anyway)
+
+
+class _Closed(Exception):
+    """The consumer closed the buffer while the prefetch thread waited for room."""
 
 
 @dataclass
@@ -100,7 +106,7 @@ class BufferManager:
     KEEP_STEP_STATS = 1024  # ~376 B each
 
     def __init__(self, rank_plan, demand: Dict[str, np.ndarray], reader, assemble: Callable[..., Any], *,
-                 budget: int, prefetch: int = 2, start: int = 0, stop: Optional[int] = None,
+                 budget: int, prefetch: int = DEFAULT_PREFETCH, start: int = 0, stop: Optional[int] = None,
                  keep_step_stats: int = KEEP_STEP_STATS, verify: bool = True, fence: Optional[int] = None,
                  io_depth: int = 4, batch_bytes: int = 0):
         if prefetch < 1:
@@ -201,22 +207,24 @@ class BufferManager:
             if self.start > 0:
                 self._warm_up()
             for g in range(self.start, self.stop):
-                while True:
+                while True:  # book g once the reads may run that far ahead; else assemble the oldest
                     with self._cv:
-                        blocked = g - self._next_get >= self.prefetch or self._fenced(g)
                         if self._closed:
                             return
-                        if blocked and not inflight:
+                        book = (len(inflight) < self.io_depth and not self._fenced(g)
+                                and g - self._next_get < self.prefetch + self.io_depth)
+                        ready = self._may_assemble(inflight)
+                        if not book and not ready:
                             self._cv.wait(0.5)
                             continue
-                    if not blocked:
+                    if book and not (ready and inflight[0][1].done()):
                         break
                     self._finish(inflight.popleft())  # the consumer may be waiting for it
-                if len(inflight) >= self.io_depth:
-                    self._finish(inflight.popleft())
                 inflight.append(self._book(g, io, inflight))
             while inflight:
-                self._finish(inflight.popleft())
+                self._finish_oldest(inflight)
+        except _Closed:
+            return
         except BaseException as exc:  # noqa: BLE001 - handed to the consumer, raised there
             with self._cv:
                 self._error = exc if isinstance(exc, SolarError) else BufferError(
@@ -226,6 +234,20 @@ class BufferManager:
                 self._cv.notify_all()
         finally:
             io.shutdown(wait=True)
+
+    def _may_assemble(self, inflight) -> bool:
+        """Under ``_cv``: the oldest step in flight may be assembled (at most ``prefetch`` assembled
+        batches wait for the consumer; reads run up to ``io_depth`` steps further ahead)."""
+        return bool(inflight) and inflight[0][0] - self._next_get < self.prefetch
+
+    def _finish_oldest(self, inflight):
+        """Assemble the oldest step in flight once the queue has room for it."""
+        with self._cv:
+            while not self._may_assemble(inflight):
+                if self._closed:
+                    raise _Closed
+                self._cv.wait(0.5)
+        self._finish(inflight.popleft())
 
     def _warm_up(self):
         """Load what the plan holds resident when step ``start`` begins (a resume)."""
@@ -284,7 +306,7 @@ class BufferManager:
             except MemoryError:
                 if not inflight:
                     raise
-                self._finish(inflight.popleft())
+                self._finish_oldest(inflight)
         st.misses, st.bytes_loaded = int(load.shape[0]), int(self.block_nbytes[load].sum())
         samples = np.asarray(sp.samples, dtype=np.int64)
         # where each block of this step lives now (a later step may move it; the old slot stays held)

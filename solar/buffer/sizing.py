@@ -36,7 +36,9 @@ import numpy as np
 
 MAX_EXACT_CLASSES = 32
 #: Assembled batches waiting in the queue by default (``SolarLoader(prefetch=...)``, ``solar bench --prefetch``).
-DEFAULT_PREFETCH = 4
+#: Reads run up to ``io_depth`` (4) steps further ahead into pool slots, so a short queue costs no
+#: read depth; each queued batch is memory the residency does not get (see docs/runtime.md).
+DEFAULT_PREFETCH = 2
 #: Batches and bookkeeping a plan does not take from the budget (so that small budgets of small
 #: datasets still plan): a rank's :func:`memory_need` is at most the budget plus this.
 PLAN_ALLOWANCE = 16 << 20
@@ -220,11 +222,11 @@ def residency_budget(budget: int, demand, local_batch: int, epsilon: float, layo
     keep = bookkeeping_bytes(demand.n_samples, demand.n_blocks, int(np.shape(demand.sample_blocks)[0]))
     reserve = max(0, reserve_bytes(batch, keep) - PLAN_ALLOWANCE)
     if reserve >= budget:
-        mib = 1 << 20
-        raise SpecError(f"a budget of {budget / mib:.1f} MiB per rank leaves nothing for the buffer: "
-                        f"{DEFAULT_PREFETCH} + 2 batches of {n} samples ({batch / mib:.1f} MiB each: queued, in "
-                        f"training, read in flight) and {keep / mib:.1f} MiB of bookkeeping take "
-                        f"{(reserve + PLAN_ALLOWANCE) / mib:.1f} MiB, {PLAN_ALLOWANCE / mib:.0f} MiB of it on top; "
+        from ..layout.summary import human_bytes as hb
+        raise SpecError(f"a budget of {hb(budget)} per rank leaves nothing for the buffer: "
+                        f"{DEFAULT_PREFETCH} + 2 batches of {n} samples ({hb(batch)} each: queued, in "
+                        f"training, read in flight) and {hb(keep)} of bookkeeping take "
+                        f"{hb(reserve + PLAN_ALLOWANCE)}, {hb(PLAN_ALLOWANCE)} of it on top; "
                         f"raise the budget or lower the local batch")
     return int(budget - reserve)
 

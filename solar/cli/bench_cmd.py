@@ -6,6 +6,7 @@ import contextlib
 import json
 import sys
 
+from ..buffer.sizing import DEFAULT_PREFETCH
 from ..scheduler.config import parse_bytes
 
 EPILOG = """\
@@ -49,7 +50,8 @@ def add_parser(sub):
     p.add_argument("--num-workers", type=int, default=2, help="baseline DataLoader workers per rank")
     p.add_argument("--reader", help="solar reader backend (default: chosen for the layout and file system)")
     p.add_argument("--threads", type=int, default=16, help="solar reader threads per rank (I/O depth)")
-    p.add_argument("--prefetch", type=int, default=4, help="solar steps prefetched ahead")
+    p.add_argument("--prefetch", type=int, default=DEFAULT_PREFETCH,
+                   help=f"assembled batches waiting ahead of the training loop (default {DEFAULT_PREFETCH}; reads run up to 4 steps further)")
     p.add_argument("--schedule", help="schedule file to write (default: next to the data)")
     p.add_argument("--only", choices=("solar", "baseline"), help="run solar only, or the baselines only")
     p.add_argument("--baselines", type=_baselines, default=None,

@@ -20,7 +20,13 @@ examples:
   solar plan data/ptychonn -P 2 -b 32 --epochs auto --window 5 --buffer-fraction 0.5 -o open.h5
   solar plan data/well/solar-layout.json -P 64 -b 4 --epochs 100 --buffer-per-rank 2GiB --seed 7 -o well.h5
   solar plan data/well --split valid --fields t0_fields/density -P 2 -b 4 --epochs 1 --buffer-fraction 0.5
+  solar plan data/ptychonn --resume-from state.json -P 3 --buffer-fraction 0.5 -o plan3.h5
   solar inspect plan.h5
+
+--resume-from STATE plans the rest of a job checkpointed on other ranks (STATE: loader.state_dict()
+as JSON, or a torch checkpoint holding it) on -P ranks with the same global batch: -b, --epochs,
+--seed, --drop-last, --epsilon and --policy default to the checkpointed job's; the new loader
+accepts the old state (SolarLoader.load_state_dict).
 """
 
 
@@ -30,21 +36,26 @@ def add_parser(sub):
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("spec", metavar="SPEC", help="layout spec, folder holding solar-layout.json, or HDF5 file")
     p.add_argument("-P", "--world-size", type=positive_int, required=True, help="number of training ranks")
-    p.add_argument("-b", "--local-batch", type=positive_int, required=True, help="samples per rank per step")
-    p.add_argument("--epochs", type=epochs_arg, default="auto",
-                   help="epochs to plan, or 'auto' (default): open-ended training, planned a window at a time")
+    p.add_argument("-b", "--local-batch", type=positive_int,
+                   help="samples per rank per step (required unless --resume-from)")
+    p.add_argument("--epochs", type=epochs_arg,
+                   help="epochs to plan, or 'auto' (default): open-ended training, planned a window at a time; "
+                        "with --resume-from: the job's total (default: the checkpointed job's)")
     p.add_argument("--window", type=positive_int,
                    help=f"with --epochs auto: epochs per window (default {DEFAULT_WINDOW}); the file holds the "
                         f"first, the loader plans the next ones in the background")
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--buffer-per-rank", type=byte_size, help="decoded bytes each rank may buffer (2GiB, 5e8)")
     g.add_argument("--buffer-fraction", type=fraction, help="aggregate buffer / dataset bytes")
-    p.add_argument("--seed", type=non_negative_int, default=0, help="DistributedSampler seed (default 0)")
-    p.add_argument("--drop-last", action="store_true", help="as DistributedSampler(drop_last=True)")
-    p.add_argument("--epsilon", type=epsilon, default=0.0,
-                   help="allowed per-rank batch imbalance (0: every rank gets exactly b samples)")
-    p.add_argument("--policy", default="solar", choices=[k for k, v in POLICIES.items() if not v.single_buffer],
+    p.add_argument("--seed", type=non_negative_int, help="DistributedSampler seed (default 0)")
+    p.add_argument("--drop-last", action="store_true", default=None, help="as DistributedSampler(drop_last=True)")
+    p.add_argument("--epsilon", type=epsilon,
+                   help="allowed per-rank batch imbalance (default 0: every rank gets exactly b samples)")
+    p.add_argument("--policy", choices=[k for k, v in POLICIES.items() if not v.single_buffer],
                    help="planning policy (default solar)")
+    p.add_argument("--resume-from", metavar="STATE",
+                   help="plan the rest of a job checkpointed on other ranks: its loader state (JSON of "
+                        "loader.state_dict(), or a torch checkpoint holding it); same global batch")
     p.add_argument("--split", help="plan this split of a spec that names splits (default: its train or first split)")
     p.add_argument("--fields", help="plan only these fields, comma-separated (default: all the spec's fields)")
     p.add_argument("-o", "--output", default="plan.h5", help="schedule file to write (default plan.h5)")
@@ -66,13 +77,22 @@ def epochs_arg(text: str):
 def run(args) -> int:
     from ..schedule import plan
     from ..schedule.summary import format_schedule
-    if args.window is not None and args.epochs != "auto":
-        raise SpecError(f"--window {args.window} needs --epochs auto (open-ended); --epochs {args.epochs} plans "
-                        f"every epoch up front")
-    s = plan(args.spec, world_size=args.world_size, local_batch=args.local_batch, epochs=args.epochs,
+    epochs = args.epochs
+    if args.resume_from is None:
+        if args.local_batch is None:
+            raise SpecError("-b/--local-batch is required (unless --resume-from takes it from a checkpointed job)")
+        epochs = "auto" if epochs is None else epochs
+        if args.window is not None and epochs != "auto":
+            raise SpecError(f"--window {args.window} needs --epochs auto (open-ended); --epochs {epochs} plans "
+                            f"every epoch up front")
+    elif args.window is not None or epochs == "auto":
+        raise SpecError("--resume-from plans a fixed number of epochs: give --epochs N (the job's total), not "
+                        "--epochs auto or --window")
+    s = plan(args.spec, world_size=args.world_size, local_batch=args.local_batch, epochs=epochs,
              buffer_per_rank=args.buffer_per_rank, buffer_fraction=args.buffer_fraction, seed=args.seed,
              drop_last=args.drop_last, epsilon=args.epsilon, policy=args.policy, out=args.output,
-             progress=sys.stderr.isatty(), split=args.split, fields=args.fields, window=args.window)
+             progress=sys.stderr.isatty(), split=args.split, fields=args.fields, window=args.window,
+             resume_from=args.resume_from)
     summary = s.summary()
     s.close()
     print(json.dumps(summary, indent=2) if args.json else format_schedule(summary))

@@ -18,7 +18,7 @@ from typing import Callable, Optional, Sequence, TYPE_CHECKING, Union
 import numpy as np
 
 from ..buffer import BufferManager, batch_bytes, rank_memory
-from ..buffer.sizing import max_local_batch
+from ..buffer.sizing import DEFAULT_PREFETCH, max_local_batch
 from ..errors import SolarError, SpecError
 from ..mpi import agree
 from ..schedule import Schedule
@@ -94,7 +94,7 @@ class SolarLoader:
     """
 
     def __init__(self, schedule: Union[str, Schedule], data: Union[str, "Layout", None] = None, *, comm=None,
-                 rank: Optional[int] = None, reader: Optional[str] = None, threads: int = 16, prefetch: int = 4,
+                 rank: Optional[int] = None, reader: Optional[str] = None, threads: int = 16, prefetch: int = DEFAULT_PREFETCH,
                  pin_memory: bool = False, as_torch: bool = True, verify: bool = True,
                  reader_options: Optional[dict] = None, epoch_fence: bool = False, abort_on_error: bool = True,
                  fields: Optional[Sequence[str]] = None, transform: Optional[Callable[[dict], dict]] = None,
@@ -151,7 +151,7 @@ class SolarLoader:
         self.open_ended = self.schedule.open_ended
         self.epochs: Optional[int] = None if self.open_ended else self.schedule.epochs  # None: no last epoch
         self.windows = WindowPlanner(self.schedule, self.rank, self.rank_plan) if self.open_ended else None
-        self.cursor = 0  # next global step
+        self.cursor = self.schedule.start_step  # next global step (a resumed job's steps before its start are empty)
         self.buffer: Optional[BufferManager] = None
         self._step_total = None  # global batch size per step, read lazily (see _weight)
 
@@ -176,12 +176,14 @@ class SolarLoader:
         next ``for batch in loader`` goes on from the cursor.  Any other epoch:
         seek to its first step.
         """
-        if isinstance(e, bool) or not isinstance(e, numbers.Integral) or e < 0 or (
+        first = self.schedule.start_step // self.S  # 0, or the epoch a resumed job starts in
+        if isinstance(e, bool) or not isinstance(e, numbers.Integral) or e < first or (
                 not self.open_ended and e >= self.epochs):
             raise SpecError(f"epoch {e!r} out of range: the schedule has epochs "
-                            + ("0, 1, ... (open-ended)" if self.open_ended else f"0..{self.epochs - 1}"))
+                            + ("0, 1, ... (open-ended)" if self.open_ended else f"{first}..{self.epochs - 1}")
+                            + (f" (it resumes a job at step {self.schedule.start_step})" if first else ""))
         if self.cursor // self.S != e:
-            self._seek(int(e) * self.S)
+            self._seek(max(int(e) * self.S, self.schedule.start_step))
 
     def _seek(self, g: int):
         if g == self.cursor and (self.buffer is None or self.buffer._next_get == g):
@@ -255,29 +257,46 @@ class SolarLoader:
 
     # --------------------------------------------------------------- state
     def state_dict(self) -> dict:
-        """Planner identity + cursor: enough to resume exactly where training stopped."""
+        """Planner identity + cursor: enough to resume exactly where training stopped, on this schedule or,
+        planned with ``solar plan --resume-from``, on another number of ranks with the same global batch."""
         return {"fingerprint": self.schedule.fingerprint, "world_size": self.schedule.world_size,
-                "config": self.schedule.config.to_dict(), "policy": self.schedule.policy, "step": self.cursor}
+                "config": self.schedule.config.to_dict(), "policy": self.schedule.policy, "step": self.cursor,
+                "open_ended": self.open_ended}
 
     def load_state_dict(self, state: dict):
-        """Move the cursor to ``state["step"]`` (a :meth:`state_dict` of a loader on the same schedule)."""
-        mine = self.state_dict()
+        """Move the cursor to ``state["step"]``: a :meth:`state_dict` of a loader on the same schedule, or, when
+        this schedule resumes a checkpointed job on other ranks (``solar plan --resume-from``), of that job's
+        loaders (its step mapped to this job's, :func:`solar.scheduler.elastic.resume_point`).  Any other
+        state is refused with one line (a different global batch names both sizes)."""
+        from ..scheduler import elastic
         if not isinstance(state, dict):
             raise SpecError(f"a loader state must be a dict (from state_dict()), got {type(state).__name__}")
-        missing = [k for k in mine if k not in state]
+        missing = [k for k in elastic.STATE_KEYS if k not in state]
         if missing:
             raise SpecError(f"loader state lacks {', '.join(map(repr, missing))} (not from SolarLoader.state_dict()?)")
-        for k in ("fingerprint", "world_size", "config", "policy"):
-            if state.get(k) != mine[k]:
-                raise SpecError(f"state was saved with another schedule ({k}: {state.get(k)!r} != {mine[k]!r})")
         g = state["step"]
         if isinstance(g, bool) or not isinstance(g, numbers.Integral):
             raise SpecError(f"loader state step must be an integer, got {g!r}")
         g = int(g)
+        mine, old = self.state_dict(), self.schedule.resumed_from
+        if old is not None and all(state[k] == old[k] for k in elastic.IDENTITY_KEYS):  # the checkpointed job's
+            if g < old["step"]:
+                raise elastic.ResumeError(
+                    f"state is at step {g} of the job on {old['world_size']} ranks, before step {old['step']} where "
+                    f"this schedule resumes it: plan the resume from this state (solar plan --resume-from)")
+            c = old["config"]
+            s = self.schedule
+            g = elastic.resume_point(s.n_samples, c["world_size"], c["local_batch"], s.world_size, s.local_batch, g,
+                                     s.config.drop_last).global_step
+        elif any(state[k] != mine[k] for k in elastic.IDENTITY_KEYS):
+            raise elastic.ResumeError(elastic.state_mismatch(state, mine))
         if not self.open_ended and not 0 <= g <= self.schedule.n_steps:
             raise SpecError(f"state step {g} outside the schedule's {self.schedule.n_steps} steps")
         if g < 0:
             raise SpecError(f"state step {g} is negative (an open-ended schedule has steps 0, 1, ...)")
+        if g < self.schedule.start_step:
+            raise SpecError(f"state step {g} is before step {self.schedule.start_step}, where this schedule resumes "
+                            f"a job (its steps before are not planned)")
         self._seek(g)
 
     # --------------------------------------------------------------- stats

@@ -90,6 +90,38 @@ def check_window(open_ended: bool, window: int, epochs: int):
         raise Damaged(f"window is {window} in a schedule that is not open-ended (expected 0)")
 
 
+def parse_resume(text: str, cfg: PlanConfig, n_samples: int, fingerprint: str) -> dict:
+    """The ``resume`` attribute of a version-5 file (JSON ``{"step", "from"}``, see :mod:`.format`) -> that
+    dict, checked: ``from`` is a loader state of the same dataset and global batch as ``cfg``, and ``step``
+    is where :func:`~solar.scheduler.elastic.resume_point` puts its step, inside the job."""
+    from ..scheduler import elastic
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError):
+        raise Damaged(f"attribute resume is not JSON: {text[:60]!r}") from None
+    if not isinstance(doc, dict) or set(doc) != {"step", "from"}:
+        raise Damaged(f"attribute resume has {sorted(doc) if isinstance(doc, dict) else type(doc).__name__}, "
+                      f"expected ['from', 'step']")
+    try:
+        old = elastic.check_state(doc["from"])
+    except SolarError as exc:
+        raise Damaged(f"attribute resume: {exc}") from None
+    if old["fingerprint"] != fingerprint:
+        raise Damaged("attribute resume: the checkpointed job was on another dataset")
+    o = old["config"]
+    try:
+        point = elastic.resume_point(n_samples, o.world_size, o.local_batch, cfg.world_size, cfg.local_batch,
+                                     old["step"], cfg.drop_last)
+    except SolarError as exc:
+        raise Damaged(f"attribute resume: {exc}") from None
+    n_steps = cfg.epochs * steps_per_epoch(n_samples, cfg.world_size, cfg.local_batch, cfg.drop_last)
+    if doc["step"] != point.global_step or not point.global_step < n_steps or o.seed != cfg.seed or \
+            o.drop_last != cfg.drop_last:
+        raise Damaged(f"attribute resume: step {doc['step']!r} is not where the checkpointed step {old['step']} "
+                      f"resumes in this job ({point.global_step} of {n_steps}, same seed and drop_last)")
+    return doc
+
+
 # ------------------------------------------------------------------- arrays
 def check_meta(name: str, dtype: np.dtype, shape: Tuple[int, ...], want_dtype, want_shape: Sequence[Optional[int]],
                max_bytes: int):

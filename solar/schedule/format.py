@@ -1,4 +1,4 @@
-"""The schedule file format (HDF5), version 4 (version 1, 2 and 3 files are still read).
+"""The schedule file format (HDF5), version 4, and version 5 for a resumed job (versions 1-3 are still read).
 
 ::
 
@@ -44,6 +44,14 @@ schedule (``solar plan --epochs auto --window K``) holds the first window: ``con
 epochs planned with :class:`~solar.scheduler.run.PlanRun` ``open_ended=True`` (the last epoch's
 evictions see the next epoch's uses); the loader plans windows 2, 3, ... itself, with the same
 deterministic planner (:mod:`solar.loader.extend`).  Files of versions 1-3 are fixed-epoch.
+
+Version 5 is written only for a job resumed on another world size (``solar plan --resume-from STATE``,
+:mod:`solar.scheduler.elastic`); it adds the header attribute ``resume`` (JSON, covered by
+``header_sha256``): ``{"step": first global step the job trains, "from": the checkpointed job's
+loader state (fingerprint, world_size, config, policy, step)}``.  Its steps before ``step`` are
+empty (no samples, loads or evictions: the job starts with empty buffers); an older solar, which
+would train those empty steps, refuses the version.
+Other plans are still written as version 4.
 """
 from __future__ import annotations
 
@@ -57,14 +65,16 @@ import numpy as np
 
 FORMAT = "solar-schedule"
 VERSION = 4
-READABLE_VERSIONS = (1, 2, 3, 4)
+RESUMED_VERSION = 5  # a resumed job's file (header attribute ``resume``)
+READABLE_VERSIONS = (1, 2, 3, 4, 5)
 STATS = ("hits", "hit_bytes", "misses", "miss_bytes", "stored_bytes")
 RANK_LISTS = ("samples", "load", "evict")
 HEADER_KEYS_V1 = ("format", "version", "solar_version", "policy", "config", "fingerprint", "source", "n_samples",
                   "n_blocks", "steps_per_epoch", "id_dtype")
 HEADER_KEYS_V2 = HEADER_KEYS_V1 + ("source_abs",)
 HEADER_KEYS_V3 = HEADER_KEYS_V2 + ("layout_bytes",)
-HEADER_KEYS = HEADER_KEYS_V3 + ("open_ended", "window")
+HEADER_KEYS_V4 = HEADER_KEYS_V3 + ("open_ended", "window")
+HEADER_KEYS = HEADER_KEYS_V4 + ("resume",)
 
 
 def id_dtype(n_samples: int, n_blocks: int) -> np.dtype:
@@ -73,7 +83,7 @@ def id_dtype(n_samples: int, n_blocks: int) -> np.dtype:
 
 def header_keys(version: int) -> Tuple[str, ...]:
     """The root attributes ``header_sha256`` covers in files of format ``version``."""
-    return {1: HEADER_KEYS_V1, 2: HEADER_KEYS_V2, 3: HEADER_KEYS_V3}.get(version, HEADER_KEYS)
+    return {1: HEADER_KEYS_V1, 2: HEADER_KEYS_V2, 3: HEADER_KEYS_V3, 4: HEADER_KEYS_V4}.get(version, HEADER_KEYS)
 
 
 def header_digest(attrs, version: int = VERSION) -> str:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numbers
+import os
 from typing import Optional, Tuple, Union
 
 from ..errors import SpecError
@@ -50,28 +51,94 @@ def epochs_and_window(epochs, window) -> Tuple[int, int]:
     return int(epochs), 0
 
 
-def plan(data: Union[str, "Demand", object], *, world_size: int, local_batch: int, epochs: Union[int, str],
-         buffer_per_rank=None, buffer_fraction: Optional[float] = None, seed: int = 0, drop_last: bool = False,
-         epsilon: float = 0.0, policy: str = "solar", out: Optional[str] = None, progress: bool = False,
-         split: Optional[str] = None, fields=None, window: Optional[int] = None) -> Schedule:
+def plan(data: Union[str, "Demand", object], *, world_size: int, local_batch: Optional[int] = None,
+         epochs: Union[int, str, None] = None, buffer_per_rank=None, buffer_fraction: Optional[float] = None,
+         seed: Optional[int] = None, drop_last: Optional[bool] = None, epsilon: Optional[float] = None,
+         policy: Optional[str] = None, out: Optional[str] = None, progress: bool = False,
+         split: Optional[str] = None, fields=None, window: Optional[int] = None, resume_from=None) -> Schedule:
     """Plan a job and write its schedule to ``out`` (in memory if None); returns the open :class:`Schedule`.
 
     ``data``: a layout spec path / folder / HDF5 file, a :class:`~solar.layout.Layout`
     or a :class:`~solar.scheduler.Demand`; ``split``/``fields`` (a path only): plan that split / those
     fields of the spec (:meth:`~solar.layout.LayoutSpec.select`).  The file stores the layout (format
     version 3, ``/layout``) unless ``data`` is a Demand, so that the job's ranks read no HDF5 metadata.
+    ``local_batch`` and ``epochs`` are required; ``seed`` (default 0), ``drop_last`` (False), ``epsilon``
+    (0.0), ``policy`` ("solar").
 
     ``epochs="auto"``: open-ended training (no epoch count known); the file holds the first ``window``
     epochs (default :data:`DEFAULT_WINDOW`) and :class:`~solar.loader.SolarLoader` plans the following
     windows as training goes (needs a policy with the identity epoch order and a bounded lookahead).
+
+    ``resume_from``: a loader state (``SolarLoader.state_dict()``, or a file holding it: see
+    :func:`solar.schedule.resume.read_state`) of a job checkpointed on other ranks; plans the rest of that
+    job on ``world_size`` ranks with the same global batch (:mod:`solar.scheduler.elastic`).  Left out
+    (None), ``local_batch``, ``epochs``, ``seed``, ``drop_last``, ``epsilon`` and ``policy`` are the
+    checkpointed job's (``local_batch``: its global batch / ``world_size``); the file (format version 5)
+    starts at the state's step and the new loader accepts the old state.
     """
-    for name, v in (("world_size", world_size), ("local_batch", local_batch)):
-        check_count(name, v)
+    check_count("world_size", world_size)
+    if resume_from is not None:
+        return _plan_resumed(data, resume_from, world_size=world_size, local_batch=local_batch, epochs=epochs,
+                             buffer_per_rank=buffer_per_rank, buffer_fraction=buffer_fraction, seed=seed,
+                             drop_last=drop_last, epsilon=epsilon, policy=policy, out=out, progress=progress,
+                             split=split, fields=fields, window=window)
+    if local_batch is None or epochs is None:
+        raise SpecError(f"{'local_batch' if local_batch is None else 'epochs'} is required (or resume_from=, "
+                        f"which takes it from a checkpointed job)")
+    check_count("local_batch", local_batch)
     epochs, window = epochs_and_window(epochs, window)
-    pol = get_policy(policy)
+    pol = _policy("solar" if policy is None else policy)
+    data, demand, source = _inputs(data, out, progress, split, fields)
+    from ..buffer.sizing import residency_budget  # the budget is all the rank's memory: batches held back
+    budget = buffer_bytes(demand, world_size, buffer_per_rank, buffer_fraction)
+    epsilon = 0.0 if epsilon is None else epsilon
+    cfg = PlanConfig(world_size, local_batch, epochs,
+                     residency_budget(budget, demand, local_batch, epsilon, None if data is demand else data),
+                     seed=0 if seed is None else seed, drop_last=bool(drop_last), epsilon=epsilon)
+    S = steps_per_epoch(demand.n_samples, world_size, local_batch, cfg.drop_last)
+    run = PlanRun(demand, cfg, pol, record=True, open_ended=window > 0)  # before the file: SpecError leaves none
+    w = ScheduleWriter(out, demand, cfg, pol.name, S, source=source, layout=None if data is demand else data,
+                       window=window)
+    return _write(w, out, lambda: run.advance(cfg.epochs, on_epoch=w.add_epoch, progress=progress))
+
+
+def _plan_resumed(data, state, *, world_size: int, local_batch, epochs, buffer_per_rank, buffer_fraction, seed,
+                  drop_last, epsilon, policy, out, progress, split, fields, window) -> Schedule:
+    """:func:`plan` with ``resume_from=state``: the rest of a checkpointed job on ``world_size`` ranks."""
+    from ..scheduler import elastic
+    from .resume import read_state
+    if window is not None:
+        raise SpecError(f"window={window!r}: a resumed job is planned for a fixed number of epochs")
+    if isinstance(state, (str, os.PathLike)):
+        state = read_state(state)
+    elastic.check_state(state)  # before the layout is built: a bad state fails fast
+    data, demand, source = _inputs(data, out, progress, split, fields)
+    job = elastic.resume_job(state, demand.n_samples, demand.fingerprint, world_size=world_size,
+                             local_batch=local_batch, epochs=epochs, seed=seed, drop_last=drop_last,
+                             epsilon=epsilon, policy=policy)
+    pol = _policy(job.policy)
+    from ..buffer.sizing import residency_budget
+    budget = buffer_bytes(demand, world_size, buffer_per_rank, buffer_fraction)
+    cfg = PlanConfig(world_size, job.local_batch, job.epochs,
+                     residency_budget(budget, demand, job.local_batch, job.epsilon, None if data is demand else data),
+                     seed=job.seed, drop_last=job.drop_last, epsilon=job.epsilon)
+    run = elastic.ResumedRun(demand, cfg, pol, job.point)  # before the file: SpecError leaves none
+    w = ScheduleWriter(out, demand, cfg, pol.name, run.S, source=source, layout=None if data is demand else data,
+                       resume=job.record)
+    return _write(w, out, lambda: run.advance(w.add_epoch, progress=progress))
+
+
+def _policy(name: str):
+    pol = get_policy(name)
     if pol.single_buffer:
-        raise SpecError(f"policy {policy!r} is a bound with one shared buffer, not a per-rank plan; "
+        raise SpecError(f"policy {name!r} is a bound with one shared buffer, not a per-rank plan; "
                         f"plan with solar, nopfs, torch or solar2023")
+    return pol
+
+
+def _inputs(data, out: Optional[str], progress: bool, split, fields):
+    """``(data, demand, source)``: the layout (built from a path) or Demand to plan on, and the path planned
+    from ("" for an object); the output checked first (never replace the data with a schedule)."""
     if out is not None:
         check_folder(out)
     source = ""
@@ -84,18 +151,14 @@ def plan(data: Union[str, "Demand", object], *, world_size: int, local_batch: in
     if out is not None:  # before planning: never replace the data (or anything not a schedule) with a schedule
         check_target(out, getattr(data, "files", ()), getattr(data, "spec", None))
     demand = data if isinstance(data, Demand) else Demand.from_layout(data)
-    from ..buffer.sizing import residency_budget  # the budget is all the rank's memory: batches held back
-    budget = buffer_bytes(demand, world_size, buffer_per_rank, buffer_fraction)
-    cfg = PlanConfig(world_size, local_batch, epochs,
-                     residency_budget(budget, demand, local_batch, epsilon, None if data is demand else data),
-                     seed=seed, drop_last=drop_last, epsilon=epsilon)
-    S = steps_per_epoch(demand.n_samples, world_size, local_batch, drop_last)
-    run = PlanRun(demand, cfg, pol, record=True, open_ended=window > 0)  # before the file: SpecError leaves none
-    w = ScheduleWriter(out, demand, cfg, pol.name, S, source=source, layout=None if data is demand else data,
-                       window=window)
+    return data, demand, source
+
+
+def _write(w: ScheduleWriter, out: Optional[str], advance) -> Schedule:
+    """Run ``advance()`` (planning, streaming epochs into ``w``) and complete the file; the open Schedule."""
     try:
-        h5 = w.close(run.advance(cfg.epochs, on_epoch=w.add_epoch, progress=progress))
-    except BaseException:  # errors, a full disk, Ctrl-C, SIGTERM: no temporary file is left behind
+        h5 = w.close(advance())
+    except BaseException:  # errors, a full disk, Ctrl-C or SIGTERM: no temporary file is left behind
         w.abort()
         raise
     if out is None:

@@ -108,6 +108,7 @@ class Schedule:
         self.layout_bytes = checks.attr_int(a, "layout_bytes") if self.version > 2 else 0
         self.open_ended = bool(checks.attr_int(a, "open_ended", 0, 1)) if self.version > 3 else False
         self.window = checks.attr_int(a, "window", 0, 2**31) if self.version > 3 else 0
+        resume = checks.attr_str(a, "resume") if self.version > 4 else None
         ints = {k: checks.attr_int(a, k) for k in ("n_samples", "n_blocks", "steps_per_epoch")}
         if header_digest(a, self.version) != texts["header_sha256"]:
             raise ScheduleError(f"{self.path}: header checksum mismatch: the file is damaged")
@@ -118,6 +119,12 @@ class Schedule:
         self.steps_per_epoch = ints["steps_per_epoch"]
         checks.check_sizes(self.config, self.n_samples, self.n_blocks, self.steps_per_epoch, texts["id_dtype"])
         checks.check_window(self.open_ended, self.window, self.config.epochs)
+        #: a job resumed on another world size (format version 5): ``{"step": first step trained, "from": the
+        #: checkpointed job's loader state}``; None otherwise
+        self.resume = None if resume is None else checks.parse_resume(resume, self.config, self.n_samples,
+                                                                     self.fingerprint)
+        if self.resume is not None and self.open_ended:
+            raise checks.Damaged("an open-ended schedule cannot be a resumed one (attribute resume)")
         self.id_dtype = np.dtype(texts["id_dtype"])
         ranks = self._f["ranks"] if "ranks" in self._f else None
         P = self.world_size
@@ -265,6 +272,16 @@ class Schedule:
     def n_steps(self) -> int:
         return self.epochs * self.steps_per_epoch
 
+    @property
+    def start_step(self) -> int:
+        """The first global step the job trains: 0, or where a resumed job starts (steps before it are empty)."""
+        return int(self.resume["step"]) if self.resume is not None else 0
+
+    @property
+    def resumed_from(self) -> Optional[dict]:
+        """The loader state of the checkpointed job this one resumes (a resumed schedule), else None."""
+        return dict(self.resume["from"]) if self.resume is not None else None
+
     def source_epoch(self, e: int) -> int:
         """Which DistributedSampler epoch (``set_epoch`` value) is trained at position ``e``."""
         if not 0 <= e < self.epochs:
@@ -365,9 +382,10 @@ class Schedule:
         """Predicted per-epoch totals over ranks (bytes), and hit rates."""
         e = self._epochs
         hit_rate = [float(1.0 - m / d) if d else 0.0 for m, d in zip(e["miss_bytes"], e["demand_bytes"])]
-        m, d = e["miss_bytes"][1:], e["demand_bytes"][1:]
+        first = self.start_step // self.steps_per_epoch  # the first epoch trained (a resumed job's: cold)
+        m, d = e["miss_bytes"][first + 1:], e["demand_bytes"][first + 1:]
         if m.size == 0:
-            m, d = e["miss_bytes"], e["demand_bytes"]
+            m, d = e["miss_bytes"][first:], e["demand_bytes"][first:]
         steady = float(1.0 - m.sum() / d.sum()) if d.sum() else 0.0
         return {"hit_bytes": e["hit_bytes"].tolist(), "miss_bytes": e["miss_bytes"].tolist(),
                 "storage_bytes": e["stored_bytes"].tolist(), "demand_bytes": e["demand_bytes"].tolist(),
@@ -381,7 +399,7 @@ class Schedule:
         return {"path": self.path, "policy": self.policy, "solar_version": self.solar_version,
                 "fingerprint": self.fingerprint, "source": self.source_rel, "source_abs": self.source_abs,
                 "format_version": self.version, "config": self.config.to_dict(), "layout_bytes": self.layout_bytes,
-                "open_ended": self.open_ended, "window": self.window,
+                "open_ended": self.open_ended, "window": self.window, "resume": self.resume,
                 "n_samples": self.n_samples, "n_blocks": self.n_blocks, "steps_per_epoch": self.steps_per_epoch,
                 "source_epochs": self.epoch_order.tolist(), "file_bytes": _file_size(self.path), **p,
                 "memory_per_rank": schedule_memory_summary(self)}

@@ -13,10 +13,14 @@ def format_schedule(s: dict) -> str:
              f"  job: world size {c['world_size']}, local batch {c['local_batch']}, {_epochs_text(s)}, buffer {human_bytes(c['buffer_bytes'])} per rank, seed {c['seed']}, "
              f"drop_last {'yes' if c['drop_last'] else 'no'}, epsilon {c['epsilon']}",
              _layout_line(s),
+             *_resume_lines(s),
              "  epoch  sampler-epoch  hit rate  read from storage  local batch",
              ]
+    first = s["resume"]["step"] // s["steps_per_epoch"] if s.get("resume") else 0  # epochs before: empty
     for e, (src, hr, st, lo, hi) in enumerate(zip(s["source_epochs"], s["hit_rate"], s["storage_bytes"],
                                                   s["min_local_batch"], s["max_local_batch"])):
+        if e < first:
+            continue
         lb = f"{lo}" if lo == hi else f"{lo}..{hi}"
         lines.append(f"  {e:5d}  {src:13d}  {hr:8.3f}  {human_bytes(st):>17}  {lb}")
     tot = sum(s["storage_bytes"])
@@ -36,6 +40,16 @@ def _epochs_text(s: dict) -> str:
         return f"{e} epochs x {steps} steps"
     return (f"open-ended, window {s['window']} (epochs 0..{e - 1} planned in the file, the loader plans the next "
             f"windows as training goes), {steps} steps per epoch")
+
+
+def _resume_lines(s: dict) -> list:
+    """For a job resumed on another world size: where it starts and what it resumes."""
+    r = s.get("resume")
+    if not r:
+        return []
+    old, S = r["from"]["config"], s["steps_per_epoch"]
+    return [f"  resumes: a job checkpointed at step {r['from']['step']} on {old['world_size']} ranks x local batch "
+            f"{old['local_batch']}; trains from step {r['step']} (epoch {r['step'] // S}, step {r['step'] % S})"]
 
 
 def _layout_line(s: dict) -> str:

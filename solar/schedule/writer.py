@@ -13,7 +13,7 @@ from .. import __version__
 from ..atomic import AtomicH5
 from ..scheduler.config import PlanConfig
 from ..scheduler.run import Demand, EpochPlan, PolicyResult
-from .format import (FORMAT, LIBVER, RANK_LISTS, STATS, VERSION, array_digest, header_digest, id_dtype, put_text,
+from .format import (FORMAT, LIBVER, RANK_LISTS, RESUMED_VERSION, STATS, VERSION, array_digest, header_digest, id_dtype, put_text,
                      source_paths)
 from .pack import csr_rank_major, samples_rank_major, split_rows
 from .stored_layout import write_layout
@@ -33,11 +33,16 @@ class ScheduleWriter:
     run never leaves a file that looks complete; :meth:`abort` removes it (a failed
     write, e.g. a full disk, raises :class:`~solar.errors.WriteError` from the next call).
     ``window`` > 0: an open-ended job whose first ``window`` (= ``cfg.epochs``) epochs are written.
+    ``resume``: a job resumed on another world size (format version 5, header attribute ``resume``:
+    ``{"step": first step trained, "from": the checkpointed job's loader state}``).
     """
 
     def __init__(self, path: Optional[str], demand: Demand, cfg: PlanConfig, policy: str, steps_per_epoch: int,
-                 source: str = "", flush_bytes: int = 256 << 20, layout=None, window: int = 0):
+                 source: str = "", flush_bytes: int = 256 << 20, layout=None, window: int = 0,
+                 resume: Optional[dict] = None):
         self.path, self.cfg, self.S, self.window = path, cfg, steps_per_epoch, int(window)
+        self.resume = resume
+        self.version = VERSION if resume is None else RESUMED_VERSION
         self.P, self.E = cfg.world_size, cfg.epochs
         self.idt = id_dtype(demand.n_samples, demand.n_blocks)
         self.flush_bytes = flush_bytes
@@ -66,7 +71,9 @@ class ScheduleWriter:
                 "source": rel, "source_abs": absolute, "id_dtype": self.idt.str}
         for k, v in text.items():
             put_text(a, k, v)
-        a["version"], a["n_samples"], a["n_blocks"] = VERSION, demand.n_samples, demand.n_blocks
+        if self.resume is not None:
+            put_text(a, "resume", json.dumps(self.resume, sort_keys=True))
+        a["version"], a["n_samples"], a["n_blocks"] = self.version, demand.n_samples, demand.n_blocks
         a["steps_per_epoch"], a["complete"] = steps_per_epoch, 0
         a["open_ended"], a["window"] = int(self.window > 0), self.window  # window > 0: the first window of K epochs
         g = self.f.create_group("demand")
@@ -164,7 +171,7 @@ class ScheduleWriter:
                      "min_local_batch"):
             _put(g, name, np.asarray(getattr(result, name), dtype="<i8"))
         _put(g, "rank_miss_bytes", np.asarray(result.rank_miss_bytes, dtype="<i8").reshape(self.E, self.P))
-        put_text(self.f.attrs, "header_sha256", header_digest(self.f.attrs))
+        put_text(self.f.attrs, "header_sha256", header_digest(self.f.attrs, self.version))
         self.f.attrs["complete"] = 1
         if self.out is None:
             self.f.flush()

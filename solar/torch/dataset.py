@@ -114,13 +114,15 @@ class SolarDataset(IterableDataset):
                     raise SolarError(f"DataLoader workers have fetched up to step {fetched - 1}, ahead of the "
                                      "training loop: call state_dict(step=batch['step'] + 1)")
                 return state
-            if isinstance(step, bool) or not isinstance(step, numbers.Integral) or not 0 <= step <= fetched:
-                raise SpecError(f"step must be an integer in [0, {fetched}] (steps fetched so far), got {step!r}")
+            first = self.loader.schedule.start_step  # 0, or where a resumed job starts
+            if isinstance(step, bool) or not isinstance(step, numbers.Integral) or not first <= step <= fetched:
+                raise SpecError(f"step must be an integer in [{first}, {fetched}] (steps fetched so far), got {step!r}")
             state["step"] = int(step)
             return state
 
     def load_state_dict(self, state: dict):
-        """:meth:`SolarLoader.load_state_dict <solar.loader.SolarLoader.load_state_dict>`."""
+        """:meth:`SolarLoader.load_state_dict <solar.loader.SolarLoader.load_state_dict>` (also the state of a job
+        checkpointed on other ranks when the schedule resumes it: ``solar plan --resume-from``)."""
         with self._lock:
             self.loader.load_state_dict(state)
             self._forget()
