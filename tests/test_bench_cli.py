@@ -28,6 +28,12 @@ def _check_keys(rep: dict, n_epochs: int):
         assert lr == pytest.approx(ep["storage_bytes"] / rnd / ep["seconds"]) and ep["limit_ratio"] == lr
         assert ep["plan_violations"] == 0 and ep["page_cache_left"] is not None
     assert "memory_limit_bytes" in rep and rep["memory_method"]
+    dec = rep["decode"]  # None: no filtered block; else the cpu limit and the slower-of-two ratio per epoch
+    if dec is not None:
+        assert dec["bytes_per_s"] > 0 and 0 < dec["filtered_fraction"] <= 1
+        for ep, pr in zip(rep["solar"]["epochs"], rep["physical_limit_ratio"]):
+            cpu = ep["storage_bytes"] * dec["filtered_fraction"] / dec["bytes_per_s"] / ep["seconds"]
+            assert ep["decode_limit_ratio"] == pytest.approx(cpu) and pr == pytest.approx(max(cpu, ep["limit_ratio"]))
     json.dumps(rep)
 
 

@@ -330,6 +330,35 @@ def test_typical_block_of_a_layout(tmp_path):
     assert set(ext[:, 0].tolist()) <= set(range(len(layout.files)))
 
 
+@pytest.mark.parametrize("storage", ["gzip", "contiguous", "chunked"])
+def test_decode_limit_decodes_the_filtered_blocks(tmp_path, storage, monkeypatch):
+    """The cpu limit decodes real blocks of the layout (every one it read, bytes counted exactly) and is
+    None when nothing is filtered."""
+    from solar.bench import decode as dec
+    layout = load_layout(make_dataset(tmp_path, "ptychonn", storage))
+    blocks = dec.filtered_blocks(layout)
+    if storage != "gzip":
+        assert blocks.size == 0 and dec.decode_limit(layout) is None
+        return
+    assert blocks.size == int((layout.block_stored > 0).sum())
+    seen = []
+    from solar.io import filters
+    orig = filters.decode_chunk
+
+    def spy(raw, pipe, mask, nb, isz, out=None):
+        r = orig(raw, pipe, mask, nb, isz, out=out)
+        seen.append((len(raw), nb))
+        return r
+    monkeypatch.setattr(filters, "decode_chunk", spy)
+    r = dec.decode_limit(layout, threads=2, max_seconds=60)
+    assert r["blocks"] == blocks.size == len(seen) and r["threads"] == 2
+    st, nb = sum(a for a, _ in seen), sum(b for _, b in seen)
+    assert st == int(layout.block_stored[blocks].sum()) and nb == int(layout.block_nbytes[blocks].sum())
+    assert r["bytes_per_s"] == pytest.approx(st / r["seconds"]) and r["decoded_bytes_per_s"] > r["bytes_per_s"] > 0
+    with pytest.raises(SolarError, match="decode threads must be >= 1, got 0"):
+        dec.decode_limit(layout, threads=0)
+
+
 # ------------------------------------------------------------------ ranks waiting for rank 0
 @pytest.mark.mpi
 def test_waiting_ranks_sleep(comm):

@@ -111,6 +111,18 @@ def measure_disk(layout, depth: int = 16) -> dict:
                 sequential_read_gbps=seq["bytes_per_s"] / 1e9, block_bytes=block, random=rnd, sequential=seq)
 
 
+def measure_decode(layout) -> "dict | None":
+    """The CPU limit of filtered data (:func:`solar.bench.decode.decode_limit`, the node's cores), with
+    ``filtered_fraction``: the share of the layout's stored bytes that are filtered (what it applies to)."""
+    from .decode import decode_limit, filtered_blocks
+    r = decode_limit(layout)
+    if r is not None:
+        on = (layout.block_offset >= 0) & (layout.block_stored > 0)
+        total = int(layout.block_stored[on].sum())
+        r["filtered_fraction"] = float(layout.block_stored[filtered_blocks(layout)].sum()) / total if total else 0.0
+    return r
+
+
 def _node_comm(comm):
     from mpi4py import MPI
     return comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
@@ -231,6 +243,7 @@ def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fra
               "n_samples": layout.n_samples, "plan_s": plan_s, "schedule": schedule}
     # 2. the physical limit, cold (rank 0 alone, the others sleep)
     report["disk"] = root_call(comm, lambda: measure_disk(layout, disk_depth))
+    report["decode"] = root_call(comm, lambda: measure_decode(layout))  # None: nothing to decode
     # 3. the memory: unlimited, or one cgroup per node
     node = _node_comm(comm)
     cg = back = None
@@ -316,10 +329,18 @@ def _ratios(report: dict):
     if "solar" not in report:
         return
     seq, rnd = report["disk"]["bytes_per_s"], report["disk"]["random_read_gbps"] * 1e9
+    dec = report.get("decode")
     for ep in report["solar"]["epochs"]:
         ep["storage_vs_disk"] = ep["storage_bytes_per_s"] / seq if seq else None
         ep["limit_ratio"] = (ep["storage_bytes"] / rnd) / ep["seconds"] if rnd and ep["seconds"] else None
+        if dec and dec["bytes_per_s"] and ep["seconds"]:
+            # the slower of the two physical limits: the disk's random reads, the node's cores decoding
+            cpu_s = ep["storage_bytes"] * dec["filtered_fraction"] / dec["bytes_per_s"]
+            ep["decode_limit_ratio"] = cpu_s / ep["seconds"]
+            ep["physical_limit_ratio"] = max(cpu_s, ep["storage_bytes"] / rnd if rnd else 0.0) / ep["seconds"]
     report["limit_ratio"] = [ep["limit_ratio"] for ep in report["solar"]["epochs"]]
+    if dec:
+        report["physical_limit_ratio"] = [ep.get("physical_limit_ratio") for ep in report["solar"]["epochs"]]
 
 
 def format_report(r: dict) -> str:
@@ -334,6 +355,11 @@ def format_report(r: dict) -> str:
              f"{d['random']['depth']} in flight)",
              f"disk cold sequential read: {d['sequential_read_gbps']:.2f} GB/s "
              f"({human_bytes(d['sequential']['request_bytes'])} requests, {d['sequential']['depth']} in flight)"]
+    dec = r.get("decode")
+    if dec:
+        lines.append(f"cpu decode of the filtered blocks: {dec['bytes_per_s'] / 1e9:.2f} GB/s stored "
+                     f"({dec['decoded_bytes_per_s'] / 1e9:.2f} GB/s decoded, {dec['threads']} threads, "
+                     f"{dec['filtered_fraction']:.0%} of the stored bytes are filtered)")
     if "solar" in r:
         s = r["solar"]
         lines.append(f"solar: reader {s['reader']}, buffer {human_bytes(s['buffer_budget_per_rank'])} per rank "
@@ -354,9 +380,10 @@ def format_report(r: dict) -> str:
             lines.append(f"baseline {kind}: failed ({b['failed']})")
     ran = [k for k, b in r.get("baselines", {}).items() if "epochs" in b]
     lines.append("samples/s per epoch; speedup = solar / torch, vs best = solar / fastest baseline that epoch, "
-                 "limit_ratio = (solar's storage bytes / random-read GB/s) / solar's epoch time")
+                 "limit_ratio = (solar's storage bytes / random-read GB/s) / solar's epoch time"
+                 + ("; with decode = the slower of that and the cpu decode limit" if dec else ""))
     lines.append("epoch  " + "".join(f"{k:>13}" for k in ran) + "     solar  speedup       vs best (name)"
-                 "  limit_ratio  stall s  solar read")
+                 "  limit_ratio" + (" with decode" if dec else "") + "  stall s  solar read")
     n = r["epochs"]
     for e in range(n):
         s = r.get("solar", {}).get("epochs", [{}] * n)[e]
@@ -368,5 +395,7 @@ def format_report(r: dict) -> str:
             f"{e:5d}  " + "".join(f"{r['baselines'][k]['samples_per_s'][e]:13.1f}" for k in ran)
             + f"  {s.get('samples_per_s', float('nan')):8.1f}  {'x%.2f' % sp if sp else '-':>7}"
             + f"  {('x%.2f (%s)' % (sb, best)) if sb else '-':>19}  {'%.2f' % lr if lr is not None else '-':>11}"
+            + (f"  {'%.2f' % s['physical_limit_ratio'] if s.get('physical_limit_ratio') is not None else '-':>11}"
+               if dec else "")
             + f"  {s.get('stall_max_s', float('nan')):7.2f}  {human_bytes(s.get('storage_bytes', 0)):>10}")
     return "\n".join(lines)

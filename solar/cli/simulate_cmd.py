@@ -5,7 +5,8 @@ import json
 import sys
 
 from ..errors import SpecError
-from ..scheduler.policies import POLICIES
+from ..scheduler.nodes import DEFAULT_NETWORK_BPS, DEFAULT_STORAGE_BPS, PeerCost
+from ..scheduler.policies import ALL_POLICIES, POLICIES
 from ..scheduler.run import Demand
 from ..scheduler.simulate import dataset_bytes, format_table, plot, simulate
 from .argtypes import byte_size, epsilon, fraction, non_negative_int, positive_int
@@ -13,16 +14,22 @@ from .argtypes import byte_size, epsilon, fraction, non_negative_int, positive_i
 EPILOG = """\
 policies: torch (DistributedSampler + per-rank LRU), nopfs (DistributedSampler + per-rank Belady that
 sees its whole seeded future), solar2023 (SOLAR's published algorithm), solar (ours), ideal (one
-P x budget Belady buffer).
+P x budget Belady buffer); node pools (the ranks of a node share one buffer, --ranks-per-node; ask for
+them with --policies): solar-node (solar per node), solar-peer (solar-node + misses sent by the node
+holding the block when the network is faster than storage for it), nopfs-peer (DistributedSampler +
+per-node Belady on its own future + fetch from any node holding the block), lru-peer (the same with
+per-node LRU: no knowledge of the future).
 
 examples:
   solar simulate --samples 16384 --sample-bytes 196608 -P 8 -b 32 --epochs 5 --buffer-fraction 0.1 0.25 0.5 0.9
   solar simulate data/well -P 64 -b 4 --epochs 3 --buffer-fraction 0.25 --json
   solar simulate --samples 65536 --sample-bytes 1e5 -P 512 -b 8 --buffer-fraction 0.1 0.5 --plot hit.png
   solar simulate --samples 16384 --sample-bytes 1000 -P 8 -b 32 --epochs 4 --buffer-fraction 0.95 --epsilon 0.1
+  solar simulate data/well -P 8 -b 4 --buffer-fraction 0.5 --ranks-per-node 2 --policies solar solar-peer ideal
 
 storage/epoch is what the policy reads from storage per epoch (stored, i.e. compressed, bytes), the mean
-over epochs >= 2; the hit rate counts decoded bytes.
+over epochs >= 2; the hit rate counts decoded bytes, and a block received from another node is a hit
+(peer hit: the part of it that transfers serve; peer/epoch: decoded bytes sent between nodes).
 """
 
 
@@ -50,7 +57,16 @@ def add_parser(sub):
     p.add_argument("--no-group-blocks", dest="group_blocks", action="store_false",
                    help="plan every layout block on its own (default: blocks that the same samples use, "
                         "e.g. the fields of one sample, are planned as one unit)")
-    p.add_argument("--policies", nargs="+", default=list(POLICIES), choices=list(POLICIES), metavar="POLICY")
+    p.add_argument("--policies", nargs="+", default=list(POLICIES), choices=list(ALL_POLICIES), metavar="POLICY",
+                   help=f"policies to compare (default: {' '.join(POLICIES)}; also: "
+                        f"{' '.join(k for k in ALL_POLICIES if k not in POLICIES)})")
+    p.add_argument("--ranks-per-node", type=positive_int, default=1,
+                   help="node pools: ranks sharing one node's buffer (must divide -P; default 1)")
+    p.add_argument("--network-bandwidth", type=byte_size, default=int(DEFAULT_NETWORK_BPS), metavar="BYTES/S",
+                   help=f"peer policies: bytes/s a transfer between nodes moves (default {DEFAULT_NETWORK_BPS:.3g})")
+    p.add_argument("--storage-bandwidth", type=byte_size, default=int(DEFAULT_STORAGE_BPS), metavar="BYTES/S",
+                   help=f"peer policies: bytes/s a storage read moves (default {DEFAULT_STORAGE_BPS:.3g}); a block "
+                        f"is sent rather than read when its decoded bytes travel faster than its stored bytes")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--plot", metavar="PNG", help="write hit rate vs buffer fraction per policy")
     p.set_defaults(run=run)
@@ -69,6 +85,9 @@ def run(args) -> int:
         source = f"synthetic: {args.samples} samples x {args.sample_bytes} B"
     total = dataset_bytes(demand)
     P = args.world_size
+    if P % args.ranks_per_node:
+        raise SpecError(f"--ranks-per-node {args.ranks_per_node} does not divide the world size {P}")
+    cost = PeerCost(args.network_bandwidth, args.storage_bandwidth)
     if args.buffer_fraction:
         budgets = [(f, int(f * total / P)) for f in args.buffer_fraction]
     else:
@@ -77,17 +96,19 @@ def run(args) -> int:
     for frac, per_rank in budgets:
         res = simulate(demand, P, args.local_batch, args.epochs, per_rank, seed=args.seed, drop_last=args.drop_last,
                        epsilon=args.epsilon, policies=args.policies, progress=sys.stderr.isatty(),
-                       group_blocks=args.group_blocks)
+                       group_blocks=args.group_blocks, ranks_per_node=args.ranks_per_node, cost=cost)
         rows.append({"fraction": frac, "buffer_per_rank": per_rank, "results": res})
     if args.plot:
         plot(rows, args.plot, f"{source}; P={P}, b={args.local_batch}, E={args.epochs}, eps={args.epsilon}")
     if args.json:
         print(json.dumps({"source": source, "dataset_bytes": total, "world_size": P,
                           "local_batch": args.local_batch, "epochs": args.epochs, "epsilon": args.epsilon,
-                          "group_blocks": args.group_blocks, "rows": rows}, indent=2))
+                          "group_blocks": args.group_blocks, "ranks_per_node": args.ranks_per_node,
+                          **cost.to_dict(), "rows": rows}, indent=2))
     else:
+        nodes = f", {P // args.ranks_per_node} nodes of {args.ranks_per_node} ranks" if args.ranks_per_node > 1 else ""
         print(f"{source}; dataset {total:,} B; P={P}, b={args.local_batch}, epochs={args.epochs}, "
-              f"epsilon={args.epsilon}")
+              f"epsilon={args.epsilon}{nodes}")
         print(format_table(rows))
         if args.plot:
             print(f"plot: {args.plot}")

@@ -16,6 +16,25 @@ name           assignment                     eviction         next use known
                budget, no balance constraint                   next epoch
 =============  =============================  ===============  =========================
 
+Node-pool policies (:data:`NODE_POLICIES`): the L ranks of a node share one buffer of L x the
+per-rank budget (``nodes=NodeMap(P, L)``, :mod:`.nodes`); a block anywhere in the pool is a hit
+for every rank of the node.  Samples are routed to nodes, then split over the node's ranks.
+
+==============  ============================  ===============  ==========================
+name            assignment                    eviction         misses
+==============  ============================  ===============  ==========================
+``solar-node``  ``solar`` at node level       Belady per node  read from storage
+``solar-peer``  ``solar`` at node level       Belady per node  from the node holding the
+                                              (global next     block when the cost model
+                                              use)             says so (:mod:`.peer_engine`)
+``nopfs-peer``  DistributedSampler, node =    Belady per node  from any node holding it
+                rank // L                     on the node's    (no global plan: NoPFS /
+                                              own future       DDStore-like)
+``lru-peer``    DistributedSampler, node =    LRU per node     from any node holding it
+                rank // L                     (a peer's use    (no future known at all)
+                                              counts)
+==============  ============================  ===============  ==========================
+
 With uniform reshuffling every sample is used in every epoch, so the next global use
 of a block is always within the next epoch and one epoch of lookahead is exact for
 ``solar`` and ``ideal``.  Under the strided split a block returns to the same rank
@@ -36,11 +55,13 @@ class Policy:
     name: str
     mode: int
     evict: int
-    next_use: str  # "none", "global", "rank"
+    next_use: str  # "none", "global", "rank", "node" (per node under the strided split)
     single_buffer: bool = False
     epoch_order: str = "identity"
     description: str = ""
     lookahead: Optional[int] = 1  # epochs ahead the next-use computation sees; None: all (memory bound)
+    node_pools: bool = False  # one buffer per node (needs a NodeMap)
+    peer: bool = False  # a miss may be a transfer from another node (needs a PeerCost)
 
 
 POLICIES = {
@@ -55,8 +76,24 @@ POLICIES = {
 }
 
 
+# node-pool policies: planned per node (schedules record per-rank plans only, so `solar plan` offers
+# POLICIES; `solar simulate --policies` and :func:`solar.scheduler.node_plan.plan_nodes` take these)
+NODE_POLICIES = {
+    "solar-node": Policy("solar-node", ROUTED, BELADY, "global", node_pools=True,
+                         description="solar per node: one Belady pool per node, samples routed to nodes"),
+    "solar-peer": Policy("solar-peer", ROUTED, BELADY, "global", node_pools=True, peer=True,
+                         description="solar-node + misses sent by the node holding the block (cost model)"),
+    "nopfs-peer": Policy("nopfs-peer", STRIDED, BELADY, "node", node_pools=True, peer=True, lookahead=None,
+                         description="DistributedSampler + per-node Belady on its own future + peer fetch"),
+    "lru-peer": Policy("lru-peer", STRIDED, LRU, "none", node_pools=True, peer=True,
+                       description="DistributedSampler + per-node LRU + peer fetch (no knowledge of the future)"),
+}
+
+ALL_POLICIES = {**POLICIES, **NODE_POLICIES}
+
+
 def get_policy(name: str) -> Policy:
     try:
-        return POLICIES[name]
+        return ALL_POLICIES[name]
     except KeyError:
-        raise SpecError(f"unknown policy {name!r}; valid policies: {', '.join(POLICIES)}") from None
+        raise SpecError(f"unknown policy {name!r}; valid policies: {', '.join(ALL_POLICIES)}") from None

@@ -19,6 +19,9 @@ from . import engine as eg
 from .config import PlanConfig
 from .epoch_order import get_epoch_order
 from .groups import expand, group_demand
+from .node_run import node_epoch
+from .nodes import NodeMap, PeerCost
+from .peer_engine import next_use_nodes
 from .policies import Policy, get_policy
 from .sampler import batch_bounds, epoch_indices, sampler_sizes
 
@@ -108,7 +111,10 @@ class PolicyResult:
     demand_bytes: List[int] = field(default_factory=list)
     max_local_batch: List[int] = field(default_factory=list)
     min_local_batch: List[int] = field(default_factory=list)
-    rank_miss_bytes: List[np.ndarray] = field(default_factory=list)
+    rank_miss_bytes: List[np.ndarray] = field(default_factory=list)  # per buffer: rank, or node for node pools
+    peer_bytes: List[int] = field(default_factory=list)  # decoded bytes received from another node
+    staging_bytes: List[int] = field(default_factory=list)  # most bytes a node stages at one step (peer policies)
+
 
     @property
     def hit_rate_per_epoch(self) -> List[float]:
@@ -117,9 +123,27 @@ class PolicyResult:
 
     @property
     def steady_hit_rate(self) -> float:
-        """Hit rate over epochs >= 2 (all epochs if there is only one)."""
+        """Hit rate over epochs >= 2 (all epochs if there is only one); a peer transfer is not a miss."""
         m, d = self.miss_bytes[1:] or self.miss_bytes, self.demand_bytes[1:] or self.demand_bytes
         return 1.0 - sum(m) / sum(d) if sum(d) else 0.0
+
+    @property
+    def peer_hit_rate_per_epoch(self) -> List[float]:
+        """Decoded bytes received from another node / bytes the epoch's samples need."""
+        peer = self.peer_bytes or [0] * len(self.demand_bytes)
+        return [p / d if d else 0.0 for p, d in zip(peer, self.demand_bytes)]
+
+    @property
+    def steady_peer_hit_rate(self) -> float:
+        """The part of :attr:`steady_hit_rate` served by peer transfers (epochs >= 2)."""
+        peer = self.peer_bytes or [0] * len(self.demand_bytes)
+        p, d = peer[1:] or peer, self.demand_bytes[1:] or self.demand_bytes
+        return sum(p) / sum(d) if sum(d) else 0.0
+
+    @property
+    def steady_node_hit_rate(self) -> float:
+        """The part of :attr:`steady_hit_rate` served from the rank's own buffer or node pool."""
+        return self.steady_hit_rate - self.steady_peer_hit_rate
 
 
 LOOKAHEAD_MAX_BYTES = 256 << 20  # future global indices held for a policy that sees all epochs
@@ -155,14 +179,19 @@ def _planning_units(demand: Demand, group: bool):
 
 def run_policy(demand: Demand, cfg: PlanConfig, policy="solar", record: bool = False,
                on_epoch: Optional[Callable[[EpochPlan], None]] = None, progress: bool = False,
-               epoch_order: Optional[str] = None, group_blocks: bool = True) -> PolicyResult:
+               epoch_order: Optional[str] = None, group_blocks: bool = True, nodes: Optional[NodeMap] = None,
+               cost: Optional[PeerCost] = None) -> PolicyResult:
     """Play ``policy`` over all epochs of the job ``cfg`` on ``demand``.
 
     With ``group_blocks`` (default) the engine plans on groups of blocks that the
     same samples use (:mod:`solar.scheduler.groups`); recorded load/evict lists are
     expanded back to layout block ids and all counts and bytes are in layout blocks.
+    ``nodes``/``cost``: the node layout and transfer cost model of the node-pool policies
+    (``policies.NODE_POLICIES``; their ``on_epoch`` receives
+    :class:`solar.scheduler.node_plan.NodeEpochPlan`); the other policies ignore them.
     """
-    run = PlanRun(demand, cfg, policy, record=record, epoch_order=epoch_order, group_blocks=group_blocks)
+    run = PlanRun(demand, cfg, policy, record=record, epoch_order=epoch_order, group_blocks=group_blocks,
+                  nodes=nodes, cost=cost)
     return run.advance(cfg.epochs, on_epoch=on_epoch, progress=progress)
 
 
@@ -182,11 +211,28 @@ class PlanRun:
     only in the last epoch (whose evictions then see the next epoch's uses).  Open-ended
     planning needs the ``identity`` epoch order (an order over all epochs needs them all)
     and a policy that looks a bounded number of epochs ahead (not ``nopfs``).
+
+    Node-pool policies (``policies.NODE_POLICIES``) need ``nodes`` (a
+    :class:`~solar.scheduler.nodes.NodeMap`): the engine then runs one buffer of L x the per-rank
+    budget per node, each node's samples of a step are split over its ranks, and ``on_epoch``
+    receives :class:`~solar.scheduler.node_plan.NodeEpochPlan` (:mod:`.node_run`); ``cost`` (a
+    :class:`~solar.scheduler.nodes.PeerCost`, default bandwidths) decides which misses may be transfers.
     """
 
     def __init__(self, demand: Demand, cfg: PlanConfig, policy="solar", *, record: bool = False,
-                 epoch_order: Optional[str] = None, group_blocks: bool = True, open_ended: bool = False):
+                 epoch_order: Optional[str] = None, group_blocks: bool = True, open_ended: bool = False,
+                 nodes: Optional[NodeMap] = None, cost: Optional[PeerCost] = None):
         pol: Policy = get_policy(policy) if isinstance(policy, str) else policy
+        if pol.node_pools:
+            if nodes is None:
+                raise SpecError(f"policy {pol.name!r} plans one buffer per node: pass nodes=NodeMap(world_size, "
+                                f"ranks_per_node) (schedule files hold per-rank plans; node plans come from "
+                                f"solar.scheduler.node_plan.plan_nodes)")
+            if nodes.world_size != cfg.world_size:
+                raise SpecError(f"the node map has {nodes.world_size} ranks but the job's world size is "
+                                f"{cfg.world_size}")
+        self.nodes = nodes if pol.node_pools else None
+        self.cost = (cost or PeerCost()) if pol.peer else None
         self.pol, self.cfg, self.record, self.open_ended = pol, cfg, bool(record), bool(open_ended)
         n = self.n = demand.n_samples
         P, b = cfg.world_size, cfg.local_batch
@@ -197,18 +243,19 @@ class PlanRun:
         self.total = total
         self.bounds = batch_bounds(total, P, b)
         S = self.S = self.bounds.shape[0] - 1
-        self.P_eng = 1 if pol.single_buffer else P
-        self.budget = cfg.buffer_bytes * (P if pol.single_buffer else 1)
+        # ranks sharing one engine buffer: all (ideal), a node's (node pools), or one
+        pool = P if pol.single_buffer else (self.nodes.ranks_per_node if self.nodes else 1)
+        self.P_eng = P // pool
+        self.budget = cfg.buffer_bytes * pool
 
-        # per-step sample-count bounds; the last batch may be partial (each rank gets num % b)
+        # per-step sample-count bounds; the last batch may be partial (each rank gets num % b);
+        # a buffer of `pool` ranks takes `pool` times a rank's share and bounds
         share = np.full(S, b, dtype=np.int64)
         share[-1] = num - (S - 1) * b
-        if pol.single_buffer:
-            share = share * P
-        self.share = share
         eps = cfg.epsilon if pol.mode == eg.ROUTED else 0.0
-        self.cap_lo = np.maximum(1, np.ceil(share * (1 - eps) - 1e-9)).astype(np.int64)
-        self.cap_hi = np.floor(share * (1 + eps) + 1e-9).astype(np.int64)
+        self.cap_lo = np.maximum(1, np.ceil(share * (1 - eps) - 1e-9)).astype(np.int64) * pool
+        self.cap_hi = np.floor(share * (1 + eps) + 1e-9).astype(np.int64) * pool
+        self.share = share * pool
 
         sp, sb, nb, stored_nb, unit_count, groups = _planning_units(demand, group_blocks)
         self.sp, self.sb, self.nb, self.stored_nb, self.unit_count, self.groups = sp, sb, nb, stored_nb, \
@@ -261,6 +308,7 @@ class PlanRun:
         self.err = np.zeros(4, dtype=np.int64)
         R = (lookahead + 1) * S + 1 if pol.mode == eg.ROUTED else 1  # next uses lie within R - 1 steps
         self.due = np.zeros((R, self.P_eng), dtype=np.int64)  # [step % R, rank]: see engine.run_epoch
+        self.peer_ok = self.cost.peer_ok(nb, stored_nb) if self.cost else None  # bool[units]
         self.planned = 0  # epoch positions planned so far
         self.window = deque()  # indices of epoch positions planned .. planned + lookahead (those known)
 
@@ -295,7 +343,7 @@ class PlanRun:
         return result
 
     def _epoch(self, e: int, result: PolicyResult, on_epoch):
-        pol, P_eng, S, sp, sb = self.pol, self.P_eng, self.S, self.sp, self.sb
+        pol, S, sp, sb = self.pol, self.S, self.sp, self.sb
         E = self._horizon()
         window = self.window
         if not window:
@@ -311,9 +359,30 @@ class PlanRun:
         acc_ptr = np.zeros(self.total + 1, dtype=np.int64)
         np.cumsum(counts, out=acc_ptr[1:])
         nu = np.full(int(acc_ptr[-1]), eg.INF, dtype=np.int64)
-        if pol.next_use != "none":
+        if pol.next_use == "node":
+            next_use_nodes(idx, self.bounds, step0, idx_f, len(future), acc_ptr, self.cfg.world_size,
+                           self.nodes.ranks_per_node, sp, sb, self.last, nu)
+        elif pol.next_use != "none":
             eg.next_use(idx, self.bounds, step0, idx_f, len(future), acc_ptr, self.cfg.world_size,
                         pol.next_use == "rank", sp, sb, self.last, nu)
+        if pol.node_pools:
+            node_epoch(self, e, idx, acc_ptr, nu, step0, result, on_epoch)
+        else:
+            self._rank_epoch(e, idx, acc_ptr, nu, step0, result, on_epoch)
+        # drop tombstones between epochs
+        if self.n_res[1] > 0:
+            nk = np.full(self.tsize, eg.EMPTY, dtype=np.int64)
+            npr = np.zeros(self.tsize, dtype=np.int64)
+            nus = np.full(self.tsize, -1, dtype=np.int64)
+            eg.ht_rebuild(self.keys, self.prio, self.used, nk, npr, nus)
+            self.keys, self.prio, self.used = nk, npr, nus
+            self.n_res[1] = 0
+        window.popleft()
+
+    def _rank_epoch(self, e: int, idx, acc_ptr, nu, step0: int, result: PolicyResult, on_epoch):
+        """One epoch of a policy with a buffer per rank (or one for all): the engine, then the results."""
+        pol, P_eng, S, sp, sb = self.pol, self.P_eng, self.S, self.sp, self.sb
+        empty = np.zeros(0, dtype=np.int64)
         rank_of = np.empty(self.total, dtype=np.int32)
         shape = (S, P_eng)
         st = [np.zeros(shape, dtype=np.int64) for _ in range(6)]
@@ -351,6 +420,7 @@ class PlanRun:
             result.max_local_batch.append(int(count.max()))
             result.min_local_batch.append(int(count.min()))
         result.rank_miss_bytes.append(miss_bytes.sum(axis=0))
+        result.peer_bytes.append(0)
         if on_epoch is not None:
             lists = (None, None, None, None)
             if self.record:
@@ -361,12 +431,3 @@ class PlanRun:
                              *expand(lists[2], lists[3], g.group_ptr, g.group_blocks))
             on_epoch(EpochPlan(e, self.source_epoch(e), step0, idx, self.bounds, rank_of, count, hits, hit_bytes,
                                misses, miss_bytes, stored, demand_bytes, *lists))
-        # drop tombstones between epochs
-        if self.n_res[1] > 0:
-            nk = np.full(self.tsize, eg.EMPTY, dtype=np.int64)
-            npr = np.zeros(self.tsize, dtype=np.int64)
-            nus = np.full(self.tsize, -1, dtype=np.int64)
-            eg.ht_rebuild(self.keys, self.prio, self.used, nk, npr, nus)
-            self.keys, self.prio, self.used = nk, npr, nus
-            self.n_res[1] = 0
-        window.popleft()

@@ -1,12 +1,13 @@
 """What-if comparison of policies (``solar simulate``): hit rates, storage bytes, imbalance."""
 from __future__ import annotations
 
-from typing import Dict, Iterable, List
+from typing import Dict, Iterable, List, Optional
 
 import numpy as np
 
 from .config import PlanConfig
-from .policies import POLICIES
+from .nodes import NodeMap, PeerCost
+from .policies import POLICIES, get_policy
 from .run import BufferTooSmall, Demand, run_policy
 
 
@@ -18,18 +19,26 @@ def dataset_bytes(demand: Demand) -> int:
 
 def simulate(demand: Demand, world_size: int, local_batch: int, epochs: int, buffer_bytes: int, seed: int = 0,
              drop_last: bool = False, epsilon: float = 0.0, policies: Iterable[str] = tuple(POLICIES),
-             progress: bool = False, group_blocks: bool = True) -> Dict[str, dict]:
+             progress: bool = False, group_blocks: bool = True, ranks_per_node: int = 1,
+             cost: Optional[PeerCost] = None) -> Dict[str, dict]:
     """Run each policy on the same job; JSON-ready dict per policy.
 
     ``group_blocks``: plan blocks that the same samples use as one unit (see
     :mod:`solar.scheduler.groups`); False plans every layout block on its own.
+    ``ranks_per_node``/``cost``: node layout and transfer cost model of the node-pool policies
+    (``policies.NODE_POLICIES``); the others keep a buffer per rank.
+    Hit rates count a peer transfer as a hit (not a storage read); ``steady_peer_hit_rate`` is
+    the part of ``steady_hit_rate`` that transfers serve, ``steady_node_hit_rate`` the rest.
     """
     cfg = PlanConfig(world_size, local_batch, epochs, int(buffer_bytes), seed=seed, drop_last=drop_last,
                      epsilon=epsilon)
+    nodes = NodeMap(world_size, ranks_per_node)
+    cost = cost or PeerCost()
     out = {}
     for name in policies:
+        pol = get_policy(name)
         try:
-            r = run_policy(demand, cfg, name, progress=progress, group_blocks=group_blocks)
+            r = run_policy(demand, cfg, name, progress=progress, group_blocks=group_blocks, nodes=nodes, cost=cost)
         except BufferTooSmall as exc:  # e.g. solar2023's appended misses outgrow a tight buffer
             out[name] = {"error": str(exc)}
             continue
@@ -43,18 +52,27 @@ def simulate(demand: Demand, world_size: int, local_batch: int, epochs: int, buf
             "min_local_batch": min(r.min_local_batch),
             "storage_imbalance": float(rank.max() / rank.mean()) if rank.size > 1 and rank.mean() > 0 else 1.0,
             "epoch_order": r.epoch_order,
+            "buffers": "one" if pol.single_buffer else ("node" if pol.node_pools else "rank"),
+            "steady_node_hit_rate": r.steady_node_hit_rate,
+            "steady_peer_hit_rate": r.steady_peer_hit_rate,
+            "peer_hit_rate_per_epoch": r.peer_hit_rate_per_epoch,
+            "peer_bytes_per_epoch": r.peer_bytes,
+            "max_staging_bytes": max(r.staging_bytes, default=0),
         }
     return out
 
 
 def format_table(rows: List[dict]) -> str:
-    """Rows: {fraction, buffer_per_rank, results: {policy: dict}}."""
+    """Rows: {fraction, buffer_per_rank, results: {policy: dict}}.  ``peer hit``: part of the steady hit
+    rate served by transfers from other nodes; ``I/O max/mean``: storage bytes of the busiest buffer
+    (rank, or node for node pools) over the mean."""
     from ..layout.summary import human_bytes
     lines = []
     for row in rows:
         lines.append(f"buffer fraction {row['fraction']:.3g} ({human_bytes(row['buffer_per_rank'])} per rank)")
         lines.append(f"  {'policy':<10} {'steady hit':>10} {'vs ideal':>8} {'storage/epoch (e>=2)':>21} "
-                     f"{'local batch':>12} {'rank I/O max/mean':>17}  hit rate per epoch")
+                     f"{'peer hit':>8} {'peer/epoch':>10} {'local batch':>12} {'I/O max/mean':>12}  "
+                     f"hit rate per epoch")
         ideal = row["results"].get("ideal", {}).get("steady_hit_rate")
         for name, r in row["results"].items():
             if "error" in r:
@@ -65,8 +83,11 @@ def format_table(rows: List[dict]) -> str:
             rel = f"{r['steady_hit_rate'] / ideal:.3f}" if ideal else "-"
             lb = f"{r['min_local_batch']}..{r['max_local_batch']}"
             per = " ".join(f"{h:.3f}" for h in r["hit_rate_per_epoch"])
+            pb = r.get("peer_bytes_per_epoch") or [0]
+            peer = np.mean(pb[1:]) if len(pb) > 1 else pb[0]
             lines.append(f"  {name:<10} {r['steady_hit_rate']:>10.4f} {rel:>8} {human_bytes(steady):>21} "
-                         f"{lb:>12} {r['storage_imbalance']:>17.2f}  {per}")
+                         f"{r.get('steady_peer_hit_rate', 0.0):>8.4f} {human_bytes(peer):>10} {lb:>12} "
+                         f"{r['storage_imbalance']:>12.2f}  {per}")
     return "\n".join(lines)
 
 
