@@ -97,6 +97,21 @@ def test_run_baseline_delivers_the_sampler_share(comm, shared_tmp, num_workers):
         assert r["samples_per_s"] == pytest.approx(total / r["seconds"])
         assert 0 <= r["stall_s"] <= r["stall_max_s"] <= r["seconds"]
     assert comm.allgather(res[0]["seconds"]) == [res[0]["seconds"]] * comm.size
+    assert not any(r["partial"] for r in res)
+
+
+@pytest.mark.mpi
+def test_baseline_time_limit_stops_an_epoch_and_says_so(comm, shared_tmp):
+    """An epoch longer than the limit stops after it on every rank; its rate is over what was delivered."""
+    out = on_root(comm, lambda: make_dataset(shared_tmp, "ptychonn", samples=40))
+    res = run_baseline(out, comm=comm, local_batch=2, epochs=1, num_workers=0, step_time=0.05, time_limit=0.12)
+    per_rank, total = sampler_sizes(40, comm.size, drop_last=False)
+    r = res[0]
+    assert r["partial"] and 0 < r["samples"] < per_rank and r["global_samples"] < total
+    assert r["samples"] % 2 == 0 and r["samples"] <= 2 * 4  # stops at the first batch past 0.12 s: 3-4 steps of 0.05 s
+    assert r["samples_per_s"] == pytest.approx(r["global_samples"] / r["seconds"])
+    with pytest.raises(SolarError, match="time_limit must be > 0 seconds or None, got -1"):
+        run_baseline(out, comm=comm, local_batch=2, epochs=1, num_workers=0, time_limit=-1)
 
 
 def test_run_baseline_verify_catches_wrong_samples(comm, tmp_path, monkeypatch):

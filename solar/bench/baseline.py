@@ -283,8 +283,9 @@ class BaselineFailed(SolarError):
     """A baseline's DataLoader workers died mid-run (raised on every rank at the same epoch)."""
 
 
-def _epoch(loader, order, step_time, n_verify, bar) -> dict:
-    """Run one epoch through ``loader``: ``dict(samples, bytes, seconds, stall, picked)``."""
+def _epoch(loader, order, step_time, n_verify, bar, time_limit: Optional[float] = None) -> dict:
+    """Run one epoch through ``loader`` (stopped after ``time_limit`` seconds if given):
+    ``dict(samples, bytes, seconds, stall, picked, partial)``."""
     n = len(order)
     check = set(np.linspace(0, n - 1, n_verify).round().astype(int).tolist()) if n_verify and n else set()
     picked = []  # (sample id, {field: tensor}) at the checked positions
@@ -308,7 +309,11 @@ def _epoch(loader, order, step_time, n_verify, bar) -> dict:
             bar.update(1)
         if step_time:
             time.sleep(step_time)
-    return dict(samples=samples, bytes=nbytes, seconds=time.perf_counter() - t0, stall=stall, picked=picked)
+        if time_limit is not None and time.perf_counter() - t0 > time_limit:
+            return dict(samples=samples, bytes=nbytes, seconds=time.perf_counter() - t0, stall=stall,
+                        picked=picked, partial=samples < n)
+    return dict(samples=samples, bytes=nbytes, seconds=time.perf_counter() - t0, stall=stall, picked=picked,
+                partial=False)
 
 
 def _warm_up(loader, sampler, wrapped, n: int, start_method: str):
@@ -331,8 +336,8 @@ def _warm_up(loader, sampler, wrapped, n: int, start_method: str):
 def run_baseline(spec_path: str, *, comm, local_batch: int, epochs: int, seed: int = 0, num_workers: int = 2,
                  step_time: float = 0.0, drop_cache: Optional[Callable[[], None]] = None, progress: bool = False,
                  verify: int = 0, start_method: str = "forkserver", kind: str = "torch",
-                 memory_bytes: Optional[int] = None, worker_init_fn: Optional[Callable[[int], None]] = None
-                 ) -> List[dict]:
+                 memory_bytes: Optional[int] = None, worker_init_fn: Optional[Callable[[int], None]] = None,
+                 time_limit: Optional[float] = None) -> List[dict]:
     """Time baseline loader ``kind`` (see :data:`BASELINES`) for ``epochs`` epochs on every rank of ``comm``.
 
     ``DistributedSampler(num_replicas=comm.size, rank=comm.rank, shuffle=True,
@@ -344,7 +349,9 @@ def run_baseline(spec_path: str, *, comm, local_batch: int, epochs: int, seed: i
     ``memmap`` and ``batched`` read a batch per ``__getitem__`` (``BatchSampler``
     over the same sampler, ``batch_size=None``): the same global batches.
     ``memory_bytes`` sizes ``h5py-cache``'s chunk cache (see :func:`baseline_dataset`);
-    ``worker_init_fn`` runs in each worker as it starts.
+    ``worker_init_fn`` runs in each worker as it starts.  ``time_limit``: each rank stops an epoch after
+    that many seconds (a loader collapsing under a memory limit need not take minutes per epoch); the
+    epoch's rate is then over the samples delivered (``partial`` True in its figures).
 
     Fairness: workers are ``persistent_workers=True`` and are started and
     warmed (one batch each, untimed, before the first cache drop), so neither
@@ -367,6 +374,8 @@ def run_baseline(spec_path: str, *, comm, local_batch: int, epochs: int, seed: i
     Raises :class:`SolarError` when ``kind`` does not apply to the layout (:func:`skip_reason`).
     """
     _check_args(local_batch, epochs, num_workers, step_time, verify, start_method)
+    if time_limit is not None and not (isinstance(time_limit, (int, float)) and time_limit > 0):
+        raise SolarError(f"time_limit must be > 0 seconds or None, got {time_limit!r}")
     layout = load_layout(spec_path)
     why = skip_reason(layout, kind)
     if why:
@@ -398,7 +407,7 @@ def run_baseline(spec_path: str, *, comm, local_batch: int, epochs: int, seed: i
                 from tqdm import tqdm
                 bar = tqdm(total=len(loader), desc=f"{kind} epoch {e}", unit="batch", leave=False)
             try:
-                r, died = _epoch(loader, order, step_time, verify, bar), ""
+                r, died = _epoch(loader, order, step_time, verify, bar, time_limit), ""
             except RuntimeError as exc:  # a worker killed (e.g. by a memory limit): every rank learns it below
                 if "exited unexpectedly" not in str(exc):
                     raise
@@ -409,14 +418,15 @@ def run_baseline(spec_path: str, *, comm, local_batch: int, epochs: int, seed: i
             if deaths:
                 raise BaselineFailed(f"{kind} failed in epoch {e}: {'; '.join(deaths)}")
             verified = _verify(layout, r["picked"]) if verify else 0
-            per_rank = comm.allgather((r["seconds"], r["stall"], r["samples"], r["bytes"], left))
+            per_rank = comm.allgather((r["seconds"], r["stall"], r["samples"], r["bytes"], left, r["partial"]))
             seconds = max(x[0] for x in per_rank)
             total = sum(x[2] for x in per_rank)
             results.append(dict(epoch=e, samples=r["samples"], global_samples=total, seconds=seconds,
                                 rank_seconds=r["seconds"], samples_per_s=total / seconds if seconds > 0 else 0.0,
                                 stall_s=r["stall"], stall_max_s=max(x[1] for x in per_rank),
                                 bytes_delivered=r["bytes"], global_bytes=sum(x[3] for x in per_rank),
-                                verified=verified, page_cache_left=largest_left(x[4] for x in per_rank)))
+                                verified=verified, page_cache_left=largest_left(x[4] for x in per_rank),
+                                partial=any(x[5] for x in per_rank)))
     finally:
         del loader  # shuts persistent workers down
         dataset.close()

@@ -12,6 +12,9 @@ from typing import Optional
 
 from ..buffer.sizing import DEFAULT_PREFETCH
 
+#: Seconds after which a baseline's epoch is stopped and its rate taken over what it delivered.
+BASELINE_TIME_LIMIT = 120.0
+
 
 def rss_bytes() -> int:
     """This process's resident set size now (Linux /proc)."""
@@ -191,7 +194,7 @@ def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fra
           num_workers: int = 2, reader: Optional[str] = None, threads: int = 16, prefetch: int = DEFAULT_PREFETCH,
           schedule: Optional[str] = None, loaders=("solar", "baseline"), baselines=None, equal_memory: bool = False,
           memory_allowance: Optional[int] = None, disk_depth: int = 16, progress: bool = False,
-          abort_on_error: bool = True) -> dict:
+          abort_on_error: bool = True, baseline_time_limit: Optional[float] = BASELINE_TIME_LIMIT) -> dict:
     """Run the comparison; returns the report (the same on every rank).
 
     ``loaders``: ``"solar"`` and/or ``"baseline"`` (every baseline in ``baselines``,
@@ -263,7 +266,8 @@ def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fra
         _run_loaders(report, spec, layout, schedule, comm=comm, node=node, cg=cg, epochs=epochs,
                      local_batch=local_batch, seed=seed, step_time=step_time, drop=drop, reader=reader,
                      threads=threads, prefetch=prefetch, num_workers=num_workers, progress=progress,
-                     abort_on_error=abort_on_error, loaders=loaders, baselines=baselines, budget=budget)
+                     abort_on_error=abort_on_error, loaders=loaders, baselines=baselines, budget=budget,
+                     time_limit=baseline_time_limit)
     finally:
         if cg is not None:
             _leave_cgroup(cg, back, node)
@@ -273,7 +277,8 @@ def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fra
 
 
 def _run_loaders(report, spec, layout, schedule, *, comm, node, cg, epochs, local_batch, seed, step_time, drop,
-                 reader, threads, prefetch, num_workers, progress, abort_on_error, loaders, baselines, budget):
+                 reader, threads, prefetch, num_workers, progress, abort_on_error, loaders, baselines, budget,
+                 time_limit=None):
     """Run solar and each baseline in turn, filling ``report["solar"]``, ``["baselines"]``, ``["baseline"]``."""
     import functools
 
@@ -298,7 +303,8 @@ def _run_loaders(report, spec, layout, schedule, *, comm, node, cg, epochs, loca
         try:
             eps = run_baseline(spec, comm=comm, local_batch=local_batch, epochs=epochs, seed=seed,
                                num_workers=num_workers, step_time=step_time, drop_cache=drop, progress=progress,
-                               kind=kind, memory_bytes=budget, worker_init_fn=init, verify=VERIFY)
+                               kind=kind, memory_bytes=budget, worker_init_fn=init, verify=VERIFY,
+                               time_limit=time_limit)
         except BaselineFailed as exc:  # e.g. its workers outgrew the --equal-memory limit: say so, go on
             report["baselines"][kind] = {"failed": str(exc) + (" (killed under the memory limit?)" if cg else ""),
                                          "memory_peak_bytes": _peak(cg, node, comm)}
@@ -392,10 +398,13 @@ def format_report(r: dict) -> str:
         best = r.get("best_baseline", [None] * n)[e]
         lr = s.get("limit_ratio")
         lines.append(
-            f"{e:5d}  " + "".join(f"{r['baselines'][k]['samples_per_s'][e]:13.1f}" for k in ran)
+            f"{e:5d}  " + "".join(f"{r['baselines'][k]['samples_per_s'][e]:12.1f}"
+                                  + ("*" if r['baselines'][k]['epochs'][e].get("partial") else " ") for k in ran)
             + f"  {s.get('samples_per_s', float('nan')):8.1f}  {'x%.2f' % sp if sp else '-':>7}"
             + f"  {('x%.2f (%s)' % (sb, best)) if sb else '-':>19}  {'%.2f' % lr if lr is not None else '-':>11}"
             + (f"  {'%.2f' % s['physical_limit_ratio'] if s.get('physical_limit_ratio') is not None else '-':>11}"
                if dec else "")
             + f"  {s.get('stall_max_s', float('nan')):7.2f}  {human_bytes(s.get('storage_bytes', 0)):>10}")
+    if any(ep.get("partial") for k in ran for ep in r["baselines"][k]["epochs"]):
+        lines.append("* stopped after the baseline time limit: rate over the samples delivered until then")
     return "\n".join(lines)

@@ -48,6 +48,9 @@ def add_parser(sub):
                    help="with --cold: drop the dataset files' pages (default) or the whole page cache (root)")
     p.add_argument("--step-time", type=float, default=0.0, help="seconds of simulated training per step")
     p.add_argument("--num-workers", type=int, default=2, help="baseline DataLoader workers per rank")
+    p.add_argument("--baseline-time-limit", type=float, default=120.0, metavar="SECONDS",
+                   help="stop a baseline's epoch after this long and take its rate over the samples it delivered "
+                        "(marked partial; default 120; 0: whole epochs)")
     p.add_argument("--reader", help="solar reader backend (default: chosen for the layout and file system)")
     p.add_argument("--threads", type=int, default=16, help="solar reader threads per rank (I/O depth)")
     p.add_argument("--prefetch", type=int, default=DEFAULT_PREFETCH,
@@ -100,7 +103,8 @@ def run(args) -> int:
                     loaders=(args.only,) if args.only else ("solar", "baseline"),
                     baselines=args.baselines, equal_memory=args.equal_memory,
                     memory_allowance=args.memory_allowance, disk_depth=args.disk_depth,
-                    progress=sys.stderr.isatty() and comm.rank == 0, abort_on_error=args.abort_on_error)
+                    progress=sys.stderr.isatty() and comm.rank == 0, abort_on_error=args.abort_on_error,
+                    baseline_time_limit=args.baseline_time_limit or None)
     if comm.rank == 0:
         print(json.dumps(rep, indent=2) if args.json else format_report(rep))
     return 0
