@@ -21,13 +21,10 @@ is trained exactly once when the old job pads, every later epoch is exactly what
 whose steps before the resume point are empty.  Old step ``g = e*S + s`` (S steps per epoch on
 P ranks) becomes new step ``e*S' + min(s, S')`` (S' = S unless ``drop_last`` changes it).
 
-**Buffers.**  A new job's ranks start with empty buffers, and so does its plan.  The planner starts at
-epoch boundaries, so the epoch in progress is planned from its first step (empty buffers there); the
-steps before the resume point are removed, and each block that plan holds resident at the resume
-point, which the new buffers lack, is loaded where its rank first uses it (that planned hit becomes a
-predicted miss) or, if the plan evicts it before any use, never (the eviction is dropped).  At every
-step each rank then holds a subset of what the plan holds, so the budget holds, the routing (who trains
-which sample) is the plan's, and every byte read is in the predicted misses.
+**Buffers.**  A new job's ranks start with empty buffers, and so does its plan: the engine starts the epoch in
+progress at the resume step with empty buffers (``PlanRun.advance(first_step=...)``), Belady's next uses and the
+routing computed over the steps from there on, so it plans that epoch as a job whose epoch began there; the
+later epochs follow as in any plan.
 """
 from __future__ import annotations
 
@@ -244,12 +241,6 @@ def shifted_config(cfg: PlanConfig, first_epoch: int) -> PlanConfig:
     return replace(cfg, seed=cfg.seed + first_epoch, epochs=cfg.epochs - first_epoch)
 
 
-def sample_bytes(sample_ptr: np.ndarray, sample_blocks: np.ndarray, block_nbytes: np.ndarray) -> np.ndarray:
-    """int64[N]: decoded bytes of each sample's blocks."""
-    csum = np.concatenate(([0], np.cumsum(np.asarray(block_nbytes, np.int64)[np.asarray(sample_blocks, np.int64)])))
-    return csum[sample_ptr[1:]] - csum[sample_ptr[:-1]]
-
-
 def empty_epoch(position: int, S: int, P: int) -> EpochPlan:
     """Epoch position ``position`` with no sample, load or eviction (S steps, P ranks): before a resume."""
     z = np.zeros((S, P), dtype=np.int64)
@@ -259,122 +250,12 @@ def empty_epoch(position: int, S: int, P: int) -> EpochPlan:
                      z, z, z, z, z, z, 0, ids, ptr, ids, ptr.copy())
 
 
-def _rows(ptr: np.ndarray) -> np.ndarray:
-    """int64[nnz]: the (step*P + rank) row of each entry of a step-major CSR with pointers ``ptr``."""
-    return np.repeat(np.arange(ptr.shape[0] - 1, dtype=np.int64), np.diff(ptr))
-
-
-def trim_epoch(ep: EpochPlan, first_step: int, sbytes: np.ndarray, n_blocks: int):
-    """Epoch plan ``ep`` (recorded) with its steps before ``first_step`` removed (no samples, loads, evictions
-    or predicted counts there), and the blocks the plan holds resident when ``first_step`` begins: the
-    ``(trimmed plan, pending)``, ``pending`` int64 keys ``rank * n_blocks + block``, ascending (blocks the
-    resumed job's empty buffers lack; :func:`lazy_loads` settles them).  ``sbytes`` int64[N]: decoded bytes
-    per sample (the epoch's demand bytes are recounted)."""
-    S, P = ep.count.shape
-    none = np.zeros(0, dtype=np.int64)
-    if first_step == 0:
-        return ep, none
-    if not 0 < first_step < S:
-        raise ValueError(f"first step {first_step} outside the epoch's 0..{S - 1}")
-    cut_pos = int(ep.bounds[first_step])
-    bounds = np.maximum(ep.bounds - cut_pos, 0)  # int64[S+1]: steps before first_step are empty
-    indices, rank_of = ep.indices[cut_pos:], ep.rank_of[cut_pos:]
-    stats = []
-    for a in (ep.count, ep.hits, ep.hit_bytes, ep.misses, ep.miss_bytes, ep.stored_bytes):
-        a = a.copy()
-        a[:first_step] = 0
-        stats.append(a)
-    cut_row = first_step * P
-    # resident per rank when first_step begins: loads minus evictions of the rows before it
-    lr, er = _rows(ep.load_ptr), _rows(ep.evict_ptr)
-    lsel, esel = lr < cut_row, er < cut_row
-    keys = np.concatenate([(lr[lsel] % P) * n_blocks + ep.load[lsel], (er[esel] % P) * n_blocks + ep.evict[esel]])
-    sign = np.concatenate([np.ones(int(lsel.sum()), np.int64), -np.ones(int(esel.sum()), np.int64)])
-    uk, inv = np.unique(keys, return_inverse=True)
-    net = np.zeros(uk.shape[0], dtype=np.int64)
-    np.add.at(net, inv, sign)
-    load, evict = ep.load[~lsel].astype(np.int64), ep.evict[~esel].astype(np.int64)
-    load_ptr = np.concatenate(([0], np.cumsum(np.where(np.arange(S * P) < cut_row, 0, np.diff(ep.load_ptr)))))
-    evict_ptr = np.concatenate(([0], np.cumsum(np.where(np.arange(S * P) < cut_row, 0, np.diff(ep.evict_ptr)))))
-    trimmed = EpochPlan(ep.position, ep.source_epoch, ep.step0, indices, bounds, rank_of, *stats,
-                        int(sbytes[indices].sum()), load, load_ptr.astype(np.int64), evict,
-                        evict_ptr.astype(np.int64))
-    return trimmed, uk[net > 0]
-
-
-def _first(keys: np.ndarray, rows: np.ndarray):
-    """``(unique keys, first row of each, index of that entry)`` of events ``(keys[i], rows[i])``."""
-    order = np.lexsort((rows, keys))
-    k = keys[order]
-    head = np.ones(k.shape[0], dtype=bool)
-    head[1:] = k[1:] != k[:-1]
-    return k[head], rows[order][head], order[head]
-
-
-def lazy_loads(ep: EpochPlan, pending: np.ndarray, sample_ptr: np.ndarray, sample_blocks: np.ndarray,
-               block_nbytes: np.ndarray, block_stored: np.ndarray):
-    """Epoch plan ``ep`` for buffers that lack the ``pending`` blocks (int64 keys ``rank * B + block``, ascending,
-    B blocks) that the plan holds resident: a pending block is loaded where its rank first uses it (that hit
-    becomes a miss: counts and bytes move, stored bytes added) unless the plan evicts it first (that eviction
-    is dropped).  Each rank then holds a subset of what the plan holds at every step, so the budget holds and
-    the routing is unchanged.  Returns ``(plan, pending left for the next epochs)``."""
-    if pending.size == 0:
-        return ep, pending
-    S, P = ep.count.shape
-    B = int(block_nbytes.shape[0])
-    # uses: one per (position, block), in row step*P + rank
-    pos_row = np.repeat(np.arange(S, dtype=np.int64), np.diff(ep.bounds)) * P + ep.rank_of  # int64[T]
-    cnt = np.diff(sample_ptr)[ep.indices]  # int64[T] blocks per position
-    starts = np.repeat(sample_ptr[ep.indices] - (np.cumsum(cnt) - cnt), cnt)  # gather offsets, (nnz,)
-    blocks = np.asarray(sample_blocks, np.int64)[starts + np.arange(int(cnt.sum()), dtype=np.int64)]
-    use_row = np.repeat(pos_row, cnt)
-    use_key = (use_row % P) * B + blocks
-    m = np.isin(use_key, pending)
-    uk, urow, _ = _first(use_key[m], use_row[m])
-    ev_row = _rows(ep.evict_ptr)
-    ev_key = (ev_row % P) * B + np.asarray(ep.evict, np.int64)
-    me = np.flatnonzero(np.isin(ev_key, pending))
-    ek, erow, eidx = _first(ev_key[me], ev_row[me])
-    eidx = me[eidx]  # entries of ep.evict
-    # a use before the key's first eviction (if any) loads it there; an eviction first is dropped
-    j = np.searchsorted(ek, uk)
-    j_ok = j < ek.shape[0]
-    evicted_before = np.zeros(uk.shape[0], dtype=bool)
-    evicted_before[j_ok] = (ek[j[j_ok]] == uk[j_ok]) & (erow[j[j_ok]] < urow[j_ok])
-    lk, lrow = uk[~evicted_before], urow[~evicted_before]
-    u_only = np.isin(ek, uk[~evicted_before], invert=True)  # evicted with no use before: drop the eviction
-    drop = eidx[u_only]
-    lblock = lk % B
-    # loads: the plan's, then the new ones, each row's in that order
-    old_row = _rows(ep.load_ptr)
-    rows = np.concatenate([old_row, lrow])
-    order = np.argsort(rows, kind="stable")
-    load = np.concatenate([np.asarray(ep.load, np.int64), lblock])[order]
-    load_ptr = np.concatenate(([0], np.cumsum(np.bincount(rows, minlength=S * P)))).astype(np.int64)
-    keep = np.ones(ep.evict.shape[0], dtype=bool)
-    keep[drop] = False
-    evict = np.asarray(ep.evict, np.int64)[keep]
-    evict_ptr = np.concatenate(([0], np.cumsum(np.bincount(ev_row[keep], minlength=S * P)))).astype(np.int64)
-    hits, hit_bytes, misses, miss_bytes, stored = (a.copy() for a in (ep.hits, ep.hit_bytes, ep.misses,
-                                                                      ep.miss_bytes, ep.stored_bytes))
-    s_, r_ = lrow // P, lrow % P  # (step, rank) of each new load
-    np.subtract.at(hits, (s_, r_), 1)
-    np.subtract.at(hit_bytes, (s_, r_), block_nbytes[lblock])
-    np.add.at(misses, (s_, r_), 1)
-    np.add.at(miss_bytes, (s_, r_), block_nbytes[lblock])
-    np.add.at(stored, (s_, r_), block_stored[lblock])
-    done = np.union1d(uk, ek)
-    out = replace(ep, hits=hits, hit_bytes=hit_bytes, misses=misses, miss_bytes=miss_bytes, stored_bytes=stored,
-                  load=load, load_ptr=load_ptr, evict=evict, evict_ptr=evict_ptr)
-    return out, np.setdiff1d(pending, done, assume_unique=True)
-
-
 class ResumedRun:
     """Plans a resumed job: epoch positions ``0 .. cfg.epochs - 1`` of the job ``cfg`` (the new world size's),
     where positions before ``point.epoch`` are empty and ``point.epoch`` starts at ``point.step`` with empty
-    buffers.  The planner starts at epoch boundaries: ``point.epoch`` is planned from its first step, its steps
-    before ``point.step`` removed (:func:`trim_epoch`) and the blocks that plan holds there loaded when first used
-    instead (:func:`lazy_loads`).  ``policy`` must train epochs in order (identity epoch order).  Made before
+    buffers: the epochs from ``point.epoch`` on are a job of their own (:func:`shifted_config`) whose first epoch
+    the engine starts at ``point.step`` (``PlanRun.advance(first_step=...)``: Belady's next uses and the routing
+    see only the steps trained).  ``policy`` must train epochs in order (identity epoch order).  Made before
     anything is written: a :class:`SpecError` (a buffer too small, ...) comes first."""
 
     def __init__(self, demand, cfg: PlanConfig, policy, point: ResumePoint):
@@ -387,15 +268,11 @@ class ResumedRun:
             raise ResumeError(f"resume point epoch {point.epoch} step {point.step} is not global step "
                               f"{point.global_step} of a job with {self.S} steps per epoch")
         self.run = PlanRun(demand, shifted_config(cfg, point.epoch), policy, record=True)
-        self.demand = tuple(np.asarray(x, np.int64) for x in (demand.sample_ptr, demand.sample_blocks,
-                                                              demand.block_nbytes, demand.block_stored))
-        self.sbytes = sample_bytes(*self.demand[:3])
-        self.n_blocks = demand.n_blocks
-        self.pending = np.zeros(0, dtype=np.int64)  # (rank, block) keys the plan holds and the buffers lack
 
     def advance(self, on_epoch: Callable[[EpochPlan], None], progress: bool = False) -> PolicyResult:
-        """Plan every epoch position, handing each (empty, trimmed or planned) to ``on_epoch``; returns the
-        per-epoch totals of all ``cfg.epochs`` positions (zeros before the resume point)."""
+        """Plan every epoch position, handing each (empty, or planned: the first from the resume step) to
+        ``on_epoch``; returns the per-epoch totals of all ``cfg.epochs`` positions (zeros before the resume
+        point)."""
         cfg, e0, S, P = self.cfg, self.point.epoch, self.S, self.cfg.world_size
         result = PolicyResult(self.policy.name, list(range(cfg.epochs)))
         for e in range(e0):
@@ -406,12 +283,9 @@ class ResumedRun:
         def shifted(ep: EpochPlan):
             pos = ep.position + e0
             ep = replace(ep, position=pos, source_epoch=pos, step0=pos * S)
-            if pos == e0:
-                ep, self.pending = trim_epoch(ep, self.point.step, self.sbytes, self.n_blocks)
-            ep, self.pending = lazy_loads(ep, self.pending, *self.demand)
             _add(result, ep, P)
             on_epoch(ep)
-        self.run.advance(cfg.epochs - e0, on_epoch=shifted, progress=progress)
+        self.run.advance(cfg.epochs - e0, on_epoch=shifted, progress=progress, first_step=self.point.step)
         return result
 
 

@@ -142,8 +142,8 @@ def run_epoch(idx, bounds, acc_ptr, nu, step0, P, cap_lo, cap_hi, target, mode, 
               boundary_steps, sample_ptr, sample_blocks, block_nbytes, block_stored, block_count,
               keys, prio, used, hk, hb, hn, res_bytes, owner, stamp, n_res,
               rank_of, st_count, st_hits, st_hit_bytes, st_miss, st_miss_bytes, st_stored,
-              record, load_blk, load_ptr, evict_blk, evict_ptr, err, due, blocks_per_slot):
-    """Process every step of one epoch.
+              record, load_blk, load_ptr, evict_blk, evict_ptr, err, due, blocks_per_slot, first_step=0):
+    """Process the steps ``first_step .. S-1`` of one epoch (all of them by default).
 
     "Blocks" here are the planner's units (layout blocks, or groups of them, see
     :mod:`.groups`); ``block_count`` int64[B] gives the layout blocks of each unit
@@ -163,6 +163,9 @@ def run_epoch(idx, bounds, acc_ptr, nu, step0, P, cap_lo, cap_hi, target, mode, 
                            so a block past that is kept at INF priority, and misses are routed where
                            they fit
     blocks_per_slot        most units of one sample
+    first_step             steps before it are skipped: nothing is assigned, loaded or counted there
+                           (``rank_of`` of their positions is left unwritten, their record rows empty);
+                           with fresh state, an epoch that starts there from empty buffers
 
     ROUTED, per step: (A) each sample with owned units goes to the rank owning most of its
     bytes (samples of several units that one rank holds whole go first), within the count
@@ -199,7 +202,7 @@ def run_epoch(idx, bounds, acc_ptr, nu, step0, P, cap_lo, cap_hi, target, mode, 
     qord = np.empty(bounds[S] - bounds[0] + 1, np.int64)
     bcnt = np.zeros(bounds[S] - bounds[0] + 3, np.int64)
     heap_cap = hk.shape[1]
-    for k in range(S):
+    for k in range(first_step, S):
         s = step0 + k
         lo = bounds[k]
         hi = bounds[k + 1]
@@ -388,8 +391,10 @@ def ht_rebuild(keys, prio, used, new_keys, new_prio, new_used):
 
 
 @nb.njit(cache=True, nogil=True)
-def next_use(idx, bounds, step0, idx_f, n_future, acc_ptr, P, per_rank, sample_ptr, sample_blocks, last, nu):
-    """Fill ``nu`` (int64[A], aligned with ``acc_ptr``) with each access's next use step.
+def next_use(idx, bounds, step0, idx_f, n_future, acc_ptr, P, per_rank, sample_ptr, sample_blocks, last, nu,
+             first_step=0):
+    """Fill ``nu`` (int64[A], aligned with ``acc_ptr``) with each access's next use step, for the accesses of
+    steps ``first_step .. S-1`` of this epoch (those of earlier steps are left as they are).
 
     The next use of a block used at step s is the first later step that uses it, in
     this epoch or in the ``n_future`` epochs that follow (``idx_f``: their indices
@@ -410,7 +415,7 @@ def next_use(idx, bounds, step0, idx_f, n_future, acc_ptr, P, per_rank, sample_p
                     smp = idx_f[off + p]
                     for a in range(sample_ptr[smp], sample_ptr[smp + 1]):
                         last[sample_blocks[a]] = step0 + (j + 1) * S + k
-        for k in range(S - 1, -1, -1):
+        for k in range(S - 1, first_step - 1, -1):
             for p in range(bounds[k] + g, bounds[k + 1], stride):
                 smp = idx[p]
                 base = sample_ptr[smp]
@@ -422,7 +427,7 @@ def next_use(idx, bounds, step0, idx_f, n_future, acc_ptr, P, per_rank, sample_p
                     last[sample_blocks[a]] = step0 + k
         for j in range(-1, n_future):  # reset what this group touched
             src = idx if j < 0 else idx_f[j * T:(j + 1) * T]
-            for k in range(S):
+            for k in range(first_step if j < 0 else 0, S):
                 for p in range(bounds[k] + g, bounds[k + 1], stride):
                     smp = src[p]
                     for a in range(sample_ptr[smp], sample_ptr[smp + 1]):

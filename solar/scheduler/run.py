@@ -310,6 +310,7 @@ class PlanRun:
         self.due = np.zeros((R, self.P_eng), dtype=np.int64)  # [step % R, rank]: see engine.run_epoch
         self.peer_ok = self.cost.peer_ok(nb, stored_nb) if self.cost else None  # bool[units]
         self.planned = 0  # epoch positions planned so far
+        self.first_step = 0  # step at which epoch position `planned` starts (> 0 only for position 0)
         self.window = deque()  # indices of epoch positions planned .. planned + lookahead (those known)
 
     def source_epoch(self, pos: int) -> int:
@@ -325,13 +326,31 @@ class PlanRun:
         return None if self.open_ended else self.cfg.epochs
 
     def advance(self, stop: int, on_epoch: Optional[Callable[[EpochPlan], None]] = None,
-                progress: bool = False) -> PolicyResult:
-        """Plan epoch positions ``self.planned .. stop - 1``; their :class:`PolicyResult`."""
+                progress: bool = False, first_step: int = 0) -> PolicyResult:
+        """Plan epoch positions ``self.planned .. stop - 1``; their :class:`PolicyResult`.
+
+        ``first_step`` (only before anything is planned, so with empty buffers): epoch position 0 starts at
+        that step, its steps before it untrained (a job resumed there, :mod:`.elastic`).  Its next uses are
+        those of the steps from ``first_step`` on, so it is planned exactly as a job whose epoch began there:
+        Belady and the routing see no access before it.  Its :class:`EpochPlan` holds the positions from
+        ``bounds[first_step]`` on (``indices``, ``rank_of``; ``bounds`` shifted by as much, so the steps before
+        are empty), zero counts and empty load/evict rows before ``first_step``, and the demand of the steps
+        trained; the result's local batch range covers those steps.
+        """
         E = self._horizon()
         if isinstance(stop, bool) or not isinstance(stop, (int, np.integer)) or stop < self.planned or (
                 E is not None and stop > E):
             raise SpecError(f"cannot plan up to epoch {stop!r}: {self.planned} planned"
                             + (f", the job has {E}" if E is not None else ""))
+        if isinstance(first_step, bool) or not isinstance(first_step, (int, np.integer)) or not (
+                0 <= first_step < self.S):
+            raise SpecError(f"first_step {first_step!r} is not a step of an epoch of {self.S} steps (0..{self.S - 1})")
+        if first_step and self.planned:
+            raise SpecError(f"first_step {first_step}: only the first epoch planned can start mid-epoch (from empty "
+                            f"buffers); {self.planned} epochs are planned")
+        if first_step and self.pol.node_pools:
+            raise SpecError(f"first_step {first_step}: node-pool policy {self.pol.name!r} plans whole epochs only")
+        self.first_step = int(first_step)
         result = PolicyResult(self.pol.name, [self.source_epoch(e) for e in range(self.planned, stop)])
         it = range(self.planned, int(stop))
         if progress:
@@ -340,6 +359,7 @@ class PlanRun:
         for e in it:
             self._epoch(e, result, on_epoch)
             self.planned = e + 1
+            self.first_step = 0
         return result
 
     def _epoch(self, e: int, result: PolicyResult, on_epoch):
@@ -364,7 +384,7 @@ class PlanRun:
                            self.nodes.ranks_per_node, sp, sb, self.last, nu)
         elif pol.next_use != "none":
             eg.next_use(idx, self.bounds, step0, idx_f, len(future), acc_ptr, self.cfg.world_size,
-                        pol.next_use == "rank", sp, sb, self.last, nu)
+                        pol.next_use == "rank", sp, sb, self.last, nu, self.first_step)
         if pol.node_pools:
             node_epoch(self, e, idx, acc_ptr, nu, step0, result, on_epoch)
         else:
@@ -399,7 +419,7 @@ class PlanRun:
             idx, self.bounds, acc_ptr, nu, step0, P_eng, self.cap_lo, self.cap_hi, self.share, pol.mode, pol.evict,
             self.budget, self.boundary_steps, sp, sb, self.nb, self.stored_nb, self.unit_count, self.keys, self.prio,
             self.used, self.hk, self.hbk, self.hn, self.res_bytes, self.owner, self.stamp, self.n_res, rank_of, *st,
-            self.record, load, load_ptr, evict, evict_ptr, err, self.due, self.max_blocks_sample)
+            self.record, load, load_ptr, evict, evict_ptr, err, self.due, self.max_blocks_sample, self.first_step)
         if err[0] == eg.TOO_SMALL:
             raise BufferTooSmall(
                 f"buffer of {self.budget:,} bytes per rank cannot hold the {int(err[3]):,} bytes of blocks that rank "
@@ -408,17 +428,23 @@ class PlanRun:
         if err[0] != eg.OK:
             raise RuntimeError(f"planner engine failed with status {int(err[0])} at step {int(err[1])}")
         count, hits, hit_bytes, misses, miss_bytes, stored = st
+        f = self.first_step
+        bounds = self.bounds
+        if f:  # the steps before f train nothing: keep the positions from f on
+            cut = int(bounds[f])
+            idx, rank_of = idx[cut:], rank_of[cut:]
+            bounds = np.maximum(bounds - cut, 0)  # int64[S+1]: steps before f empty
         demand_bytes = int(self.sample_bytes[idx].sum())
         result.hit_bytes.append(int(hit_bytes.sum()))
         result.miss_bytes.append(int(miss_bytes.sum()))
         result.stored_bytes.append(int(stored.sum()))
         result.demand_bytes.append(demand_bytes)
         if pol.single_buffer:  # one buffer for all ranks: report the per-rank share
-            result.max_local_batch.append(int(self.share.max() // self.cfg.world_size))
-            result.min_local_batch.append(int(self.share.min() // self.cfg.world_size))
+            result.max_local_batch.append(int(self.share[f:].max() // self.cfg.world_size))
+            result.min_local_batch.append(int(self.share[f:].min() // self.cfg.world_size))
         else:
-            result.max_local_batch.append(int(count.max()))
-            result.min_local_batch.append(int(count.min()))
+            result.max_local_batch.append(int(count[f:].max()))
+            result.min_local_batch.append(int(count[f:].min()))
         result.rank_miss_bytes.append(miss_bytes.sum(axis=0))
         result.peer_bytes.append(0)
         if on_epoch is not None:
@@ -429,5 +455,5 @@ class PlanRun:
                     g = self.groups
                     lists = (*expand(lists[0], lists[1], g.group_ptr, g.group_blocks),
                              *expand(lists[2], lists[3], g.group_ptr, g.group_blocks))
-            on_epoch(EpochPlan(e, self.source_epoch(e), step0, idx, self.bounds, rank_of, count, hits, hit_bytes,
+            on_epoch(EpochPlan(e, self.source_epoch(e), step0, idx, bounds, rank_of, count, hits, hit_bytes,
                                misses, miss_bytes, stored, demand_bytes, *lists))
