@@ -23,7 +23,10 @@ def _check_keys(rep: dict, n_epochs: int):
     d = rep["disk"]
     assert d["random_read_gbps"] > 0 and d["sequential_read_gbps"] > 0 and d["block_bytes"] > 0
     assert d["random"]["depth"] == 16 and d["bytes_per_s"] == d["sequential"]["bytes_per_s"]
-    rnd = d["random_read_gbps"] * 1e9
+    a = rep["disk_after"]  # measured again after the loaders; the ratios use the faster of the two
+    assert a["random_read_gbps"] > 0 and a["block_bytes"] == d["block_bytes"]
+    rnd = max(d["random_read_gbps"], a["random_read_gbps"]) * 1e9
+    assert rep["limit_random_read_gbps"] * 1e9 == pytest.approx(rnd)
     for ep, lr in zip(rep["solar"]["epochs"], rep["limit_ratio"]):
         assert lr == pytest.approx(ep["storage_bytes"] / rnd / ep["seconds"]) and ep["limit_ratio"] == lr
         assert ep["plan_violations"] == 0 and ep["page_cache_left"] is not None
@@ -31,6 +34,8 @@ def _check_keys(rep: dict, n_epochs: int):
     dec = rep["decode"]  # None: no filtered block; else the cpu limit and the slower-of-two ratio per epoch
     if dec is not None:
         assert dec["bytes_per_s"] > 0 and 0 < dec["filtered_fraction"] <= 1
+        dec = dict(dec, bytes_per_s=max(dec["bytes_per_s"], rep["decode_after"]["bytes_per_s"]))
+        assert rep["limit_decode_gbps"] * 1e9 == pytest.approx(dec["bytes_per_s"])
         for ep, pr in zip(rep["solar"]["epochs"], rep["physical_limit_ratio"]):
             cpu = ep["storage_bytes"] * dec["filtered_fraction"] / dec["bytes_per_s"] / ep["seconds"]
             assert ep["decode_limit_ratio"] == pytest.approx(cpu) and pr == pytest.approx(max(cpu, ep["limit_ratio"]))
