@@ -33,14 +33,26 @@ class SlotPools:
     index on top), so :meth:`alloc_many`/:meth:`free_many` take a whole step's
     blocks in a few numpy calls per class.  The pools are the plan's peak (sized by
     :mod:`~solar.buffer.sizing`), resident from the start (:func:`pool_memory`).
+
+    ``memory``: a uint8 buffer to carve the pools from instead (a shared-memory window of
+    node-shared pools, :mod:`solar.buffer.node_pools`): class c starts at ``offsets[c]``
+    (default: packed one after the other), ``slots[c] * class_bytes[c]`` bytes each.
     """
 
-    def __init__(self, class_bytes: np.ndarray, slots: np.ndarray):
+    def __init__(self, class_bytes: np.ndarray, slots: np.ndarray, memory=None, offsets=None):
         self.class_bytes = np.asarray(class_bytes, dtype=np.int64)
         self.slots = np.asarray(slots, dtype=np.int64)
+        sizes = [int(n) * int(sz) for sz, n in zip(self.class_bytes, self.slots)]
+        if memory is None:
+            mem = [pool_memory(z) for z in sizes]
+        else:
+            buf = np.frombuffer(memory, dtype=np.uint8)
+            starts = np.cumsum([0, *sizes[:-1]]) if offsets is None else np.asarray(offsets, np.int64)
+            if sizes and int(starts[-1]) + sizes[-1] > buf.shape[0]:
+                raise ValueError(f"pools of {sum(sizes)} bytes do not fit a buffer of {buf.shape[0]} bytes")
+            mem = [buf[int(a):int(a) + z] for a, z in zip(starts.tolist(), sizes)]
         # (slots[c], class_bytes[c]) per class: slot i of class c is arrays[c][i]
-        self.arrays = [pool_memory(int(n) * int(sz)).reshape(int(n), int(sz))
-                       for sz, n in zip(self.class_bytes, self.slots)]
+        self.arrays = [m.reshape(int(n), int(sz)) for m, sz, n in zip(mem, self.class_bytes, self.slots)]
         # stack[c][:top[c]] are the free slots of class c, the next to hand out last
         self.stack = [np.arange(int(n) - 1, -1, -1, dtype=np.int64) for n in self.slots]
         self.top = [int(n) for n in self.slots]

@@ -1,0 +1,649 @@
+"""The node-shared buffer manager: executes a node plan (:class:`solar.scheduler.node_plan.NodePlan`)
+on real data, one instance per rank, the ranks of a node sharing one pool in an MPI shared-memory
+window (:mod:`solar.buffer.node_pools`).
+
+Per step g, at node n (the plan's order): evict, load, stage, the transfers of g, then every rank
+of n assembles its samples from n's pool and staging area.  At run time:
+
+* **Who reads**: the node's loads and stages of g, sorted by block, are split over its ranks
+  (:data:`~solar.buffer.node_pools.READ_SPLITS`: ``spread``, contiguous runs balanced by stored
+  bytes, the default; ``leader``: local rank 0 reads all); each rank reads its part with its own
+  reader, straight into the shared slots, in a background thread like
+  :class:`~solar.buffer.BufferManager`'s (reads of up to ``io_depth`` steps in flight, at most
+  ``prefetch`` assembled batches waiting).
+* **Who waits**: every rank publishes two counters in the window: ``READ`` (its part of every step
+  up to it is in the pool; for local rank 0 also the blocks received from other nodes) and ``DONE``
+  (it has assembled every step up to it; for local rank 0 also sent every block of those steps).
+  A rank assembles g once every rank of its node has READ >= g; it writes step g's slots once
+  every rank of its node has DONE >= ``after[g]`` (the slot assignment says which step freed them:
+  :func:`~solar.buffer.node_pools.assign_slots`).  Waiting is polling with a backoff sleep
+  (50 us .. 2 ms), never a spin.
+* **Transfers** (``solar-peer`` plans): local rank 0 of each node posts, when it books step g, a
+  receive per block the node gets at g (into its staging slots), and once its node has read g, a
+  send per block it gives at g (a copy of the slot: see ``_loop``), on a communicator of its own
+  (tag: the step).  Blocks of one (step, sender, receiver) are matched in the plan's order (MPI's
+  non-overtaking rule).  Sends and receives are tested in the same polling loop, so a slow rank
+  or node only slows the ranks that need its blocks.
+* **Failures**: a rank whose prefetch thread fails, or whose consumer leaves a ``with`` block on
+  an exception (:meth:`NodeBufferManager.fail`), marks itself failed in the window (with a one-line
+  message) and, when the plan has transfers, tells every other node's local rank 0; every rank that
+  learns of it raises :class:`NodeBufferError` naming the failed rank at its next :meth:`get`.
+  Under the loader's abort hooks (:mod:`solar.mpi`) the first error ends the job.
+
+Construction and :meth:`close` are collective over ``comm``.  Not done here: collective readers
+(``mpiio`` with ``collective=True``) are refused; the loader still builds per-rank
+:class:`~solar.buffer.BufferManager` only (a node plan is passed in memory, the schedule file
+does not hold one).
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable, Deque, Dict, List, Optional
+
+import numpy as np
+
+from ..errors import SolarError
+from .manager import BufferTotals, StepBlocks, StepStats, _Closed
+from .node_pools import (DONE, FAILED, CLOSED, FLAG, READ, RECV, NodeBufferError, SharedPools, assign_slots,
+                         get_read_split, node_comm, node_memory, staging_lists)
+from .sizing import DEFAULT_PREFETCH, bookkeeping_bytes, size_classes
+
+TAG_MOD = 32000      # transfer tags: step % TAG_MOD (MPI guarantees tags up to 32767)
+TAG_ERR = 32001      # "a rank failed" (payload: its one-line message)
+POLL_MIN_S, POLL_MAX_S = 50e-6, 2e-3
+
+
+class PeerFailed(NodeBufferError):
+    """Another rank failed (raised here so that this rank does not wait for it forever)."""
+
+
+@dataclass
+class NodeStepStats(StepStats):
+    """:class:`StepStats` of one rank at one step; ``misses``/``bytes_*``: this rank's part of the
+    node's reads; ``staged``: of those, staging reads; ``recv_*``/``sent_*``: blocks the node
+    received / sent at this step (counted on local rank 0 only)."""
+
+    staged: int = 0
+    recv_blocks: int = 0
+    recv_bytes: int = 0
+    sent_blocks: int = 0
+    sent_bytes: int = 0
+
+
+NODE_KEYS = ("staged", "recv_blocks", "recv_bytes", "sent_blocks", "sent_bytes")
+
+
+@dataclass
+class NodeTotals(BufferTotals):
+    staged: int = 0
+    recv_blocks: int = 0
+    recv_bytes: int = 0
+    sent_blocks: int = 0
+    sent_bytes: int = 0
+
+    def add(self, s: NodeStepStats):
+        super().add(s)
+        for k in NODE_KEYS:
+            setattr(self, k, getattr(self, k) + getattr(s, k))
+
+
+def step_blocks(sample_ptr: np.ndarray, sample_blocks: np.ndarray, samples: np.ndarray) -> np.ndarray:
+    """int64[m] ascending: the distinct blocks of ``samples`` (their CSR rows gathered)."""
+    lo, hi = sample_ptr[samples], sample_ptr[samples + 1]
+    counts = hi - lo
+    total = int(counts.sum())
+    if total == 0:
+        return np.zeros(0, np.int64)
+    run_start = np.cumsum(counts) - counts  # (n,) where each sample's run begins in the output
+    pos = np.arange(total, dtype=np.int64) + np.repeat(lo - run_start, counts)
+    return np.unique(sample_blocks[pos])
+
+
+@dataclass
+class _Booked:
+    g: int
+    samples: np.ndarray
+    blocks: StepBlocks
+    stats: NodeStepStats
+    fut: Any                    # the read of this rank's part (None: nothing to read)
+    recvs: list                 # receive requests (local rank 0)
+    t0: float
+
+
+class NodeBufferManager:
+    """Executes rank ``rank``'s part of ``node_plan`` from global step ``start`` to ``stop``, its node's
+    pool shared with the node's other ranks.  Same consumer interface as
+    :class:`~solar.buffer.BufferManager`: :meth:`get` (steps in order), :meth:`release`,
+    :meth:`close`, ``totals`` (a :class:`NodeTotals`).
+
+    ``demand``: ``{"sample_ptr", "sample_blocks", "block_nbytes", "block_stored"}`` (a layout's);
+    ``reader``: an independent :class:`~solar.io.BlockReader`; ``assemble(step, samples, lookup)``
+    as for BufferManager.  ``comm``: the job's communicator (``comm.Get_size()`` =
+    ``node_plan.nodes.world_size``, rank ``rank``); None only for a plan of one rank.  ``budget``:
+    the per-rank residency budget the plan was made for (the node's is ``ranks_per_node`` x it);
+    ``batch_bytes``: one assembled batch (0 when ``assemble`` makes nothing sizeable).  The node's
+    memory (:func:`~solar.buffer.node_pools.node_memory`) is checked against ranks x the per-rank
+    limit before anything is read.  ``read_split``: a name of
+    :data:`~solar.buffer.node_pools.READ_SPLITS`.  ``timeout``: seconds without progress while
+    waiting for other ranks before raising :class:`NodeBufferError` (None: wait as long as they
+    run; a failed rank is noticed either way).  Collective over ``comm``; every rank passes the
+    same plan, ``start`` and ``stop``.
+    """
+
+    KEEP_STEP_STATS = 1024
+
+    def __init__(self, node_plan, rank: int, demand: Dict[str, np.ndarray], reader, assemble: Callable[..., Any], *,
+                 comm=None, budget: int, prefetch: int = DEFAULT_PREFETCH, start: int = 0,
+                 stop: Optional[int] = None, io_depth: int = 4, batch_bytes: int = 0, read_split: str = "spread",
+                 keep_step_stats: int = KEEP_STEP_STATS, fence: Optional[int] = None,
+                 timeout: Optional[float] = None):
+        from ..mpi import agree
+        err = None
+        try:
+            self._setup(node_plan, rank, demand, reader, assemble, comm, budget, prefetch, start, stop, io_depth,
+                        batch_bytes, read_split, keep_step_stats, fence, timeout)
+        except Exception as exc:  # noqa: BLE001 - raised on every rank by agree
+            err = exc
+        agree(comm, err)  # before any collective: a rank that failed here must not leave the others waiting
+        self._connect()
+        self._thread = threading.Thread(target=self._run, name=f"solar-node-prefetch-r{self.rank}", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ set-up
+    def _setup(self, plan, rank, demand, reader, assemble, comm, budget, prefetch, start, stop, io_depth, batch_bytes,
+               read_split, keep_step_stats, fence, timeout):
+        nodes = plan.nodes
+        P, L = nodes.world_size, nodes.ranks_per_node
+        if comm is not None and comm.Get_size() != P:
+            raise NodeBufferError(f"the node plan is for {P} ranks but the communicator has {comm.Get_size()}")
+        if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < P:
+            raise NodeBufferError(f"rank must be an integer in [0, {P}), got {rank!r}")
+        if comm is not None and comm.Get_rank() != rank:
+            raise NodeBufferError(f"rank={rank} disagrees with the communicator, whose rank is {comm.Get_rank()}")
+        if comm is None and P > 1:
+            raise NodeBufferError(f"a node plan of {P} ranks needs comm= (the job's communicator)")
+        for name, v, lo in (("prefetch", prefetch, 1), ("io_depth", io_depth, 1),
+                            ("keep_step_stats", keep_step_stats, 0)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
+                raise NodeBufferError(f"{name} must be an integer >= {lo}, got {v!r}")
+        if getattr(reader, "collective", False):
+            raise NodeBufferError(f"reader {getattr(reader, 'name', reader)!r} is collective; node-shared buffers need "
+                                  f"an independent reader (pread, h5py, or mpiio with collective=False)")
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                    or not timeout > 0):
+            raise NodeBufferError(f"timeout must be a number of seconds > 0 or None, got {timeout!r}")
+        split = get_read_split(read_split)
+        G = plan.n_steps
+        self.start, self.stop = int(start), G if stop is None else int(stop)
+        if not 0 <= self.start <= self.stop <= G:
+            raise NodeBufferError(f"steps [{start}, {stop}) outside the plan's [0, {G})")
+        self.plan, self.rank, self.comm, self.reader, self.assemble = plan, int(rank), comm, reader, assemble
+        self.nodes, self.L, self.node = nodes, L, int(rank) // L
+        self.local = int(rank) - self.node * L
+        self.split, self.read_split = split, read_split
+        self.prefetch, self.io_depth, self.fence, self.timeout = int(prefetch), int(io_depth), fence, timeout
+        self.budget = int(budget)
+        self.sample_ptr = np.asarray(demand["sample_ptr"], np.int64)
+        self.sample_blocks = np.asarray(demand["sample_blocks"], np.int64)
+        self.block_nbytes = np.asarray(demand["block_nbytes"], np.int64)
+        self.block_stored = np.asarray(demand.get("block_stored", demand["block_nbytes"]), np.int64)
+        B = self.block_nbytes.shape[0]
+        self.transfers = int(plan.xfer_block.shape[0]) > 0
+        if self.transfers:
+            from mpi4py import MPI
+            if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
+                raise NodeBufferError("a plan with transfers needs MPI_THREAD_MULTIPLE (sends and receives run in the "
+                                      "prefetch thread); mpi4py.rc.thread_level is lower")
+        # the node's lists and this rank's samples, int64[G+1] pointers each
+        self.lists = plan.node(self.node)
+        mine = plan.rank(self.rank)
+        self.samples, self.samples_ptr = np.asarray(mine["samples"], np.int64), mine["samples_ptr"]
+        self.class_of, class_bytes = size_classes(self.block_nbytes)
+        C = class_bytes.shape[0]
+        self.C = C
+        lst = self.lists
+        main = (lst["load"], lst["load_ptr"], lst["evict"], lst["evict_ptr"])
+        self.stg = staging_lists(lst["stage"], lst["stage_ptr"], lst["recv"], lst["recv_ptr"])
+        keep = bookkeeping_bytes(self.sample_ptr.shape[0] - 1, B, self.sample_blocks.shape[0]) + 8 * B
+        self.memory, slots2 = node_memory(self.class_of, class_bytes, main, self.stg, L=L, budget=self.budget,
+                                          batch=int(batch_bytes), bookkeeping=keep, prefetch=self.prefetch,
+                                          io_depth=self.io_depth)
+        if not self.memory.fits:
+            from ..layout.summary import human_bytes as hb
+            m = self.memory
+            raise NodeBufferError(
+                f"node {self.node} needs {hb(m.resident + m.batches + m.bookkeeping)} before staging: pool "
+                f"{hb(m.resident)}, batches {hb(m.batches)}, bookkeeping {hb(m.bookkeeping)}; its {L} ranks' plans "
+                f"were made for {hb(m.limit)}: re-plan with a smaller budget per rank or lower prefetch")
+        self.class_bytes2 = np.concatenate([class_bytes, class_bytes]).astype(np.int64)  # (2C,) pool, staging
+        self.slots2 = slots2
+        self.load_slot, after_main = assign_slots(self.class_of, slots2[:C], *main)
+        self.stage_slot, after_stage = assign_slots(self.class_of, slots2[C:], *self.stg, check_evict=False)
+        self.after = np.maximum(after_main, after_stage)  # (G,)
+        self.slot_of = np.full(B, -1, dtype=np.int64)   # pool slot of each block resident (this rank's view)
+        self.sslot_of = np.full(B, -1, dtype=np.int64)  # staging slot of each block staged or received
+        self.totals = NodeTotals(per_step=deque(maxlen=int(keep_step_stats)))
+        self.resident_bytes = 0
+        self.peak_resident_bytes = 0
+        self.warmup_bytes_read = 0
+        self._ready: Dict[int, Any] = {}
+        self._stats: Dict[int, NodeStepStats] = {}
+        self._next_get = self.start
+        self._released = self.start
+        self._cv = threading.Condition()
+        self._error: Optional[BaseException] = None
+        self._closed = False
+        self._failed_shared = False
+        self._err_reqs: list = []
+        self.ncomm = self.xcomm = self.shm = None
+        self._booked: Deque[_Booked] = deque()   # steps booked, not yet assembled (oldest first)
+        self._sending: Deque[tuple] = deque()    # (step, send requests) of local rank 0 in flight
+        self._sends: Dict[int, list] = {}        # step -> [(dest rank, view)] noted at booking, sent later
+
+    def _connect(self):
+        """The collective part: every rank agrees on the plan and range, the node's communicator and
+        window, the transfer communicator."""
+        comm = self.comm
+        if comm is not None and comm.Get_size() > 1:
+            key = (self.start, self.stop, self.plan.n_steps, int(self.plan.load.shape[0]),
+                   int(self.plan.xfer_block.shape[0]), self.read_split)
+            keys = comm.allgather(key)
+            if any(k != keys[0] for k in keys):
+                bad = next(r for r, k in enumerate(keys) if k != keys[0])
+                raise NodeBufferError(f"rank {bad} runs (start, stop, steps, loads, transfers, read split) = "
+                                      f"{keys[bad]}, rank 0 {keys[0]}: every rank must pass the same plan and range")
+            self.ncomm = node_comm(comm, self.node)
+            if self.transfers:
+                self.xcomm = comm.Dup()
+        self.shm = SharedPools(self.ncomm if self.L > 1 else None, self.class_bytes2, self.slots2,
+                               self.memory.window, init=self.start - 1)
+        self.pools = self.shm.pools
+
+    # ------------------------------------------------------------------ consumer
+    def get(self, g: int):
+        """The assembled step ``g`` (waits for it; the wait is the step's stall time)."""
+        if g != self._next_get:
+            raise NodeBufferError(f"steps must be taken in order: asked for {g}, next is {self._next_get}")
+        t0 = time.perf_counter()
+        with self._cv:
+            while g not in self._ready and self._error is None and not self._closed:
+                self._cv.wait(0.5)
+            if self._error is not None:
+                raise self._error
+            if self._closed:
+                raise NodeBufferError("node buffer manager is closed")
+            out = self._ready.pop(g)
+            st = self._stats.pop(g)
+            self._next_get = g + 1
+            self._cv.notify_all()
+        st.stall_s = time.perf_counter() - t0
+        self.totals.add(st)
+        return out
+
+    def release(self, g: int):
+        """Let the prefetch thread go past the fence at step ``g``."""
+        with self._cv:
+            self._released = max(self._released, g)
+            self._cv.notify_all()
+
+    def fail(self, exc: BaseException):
+        """Tell the other ranks that this one failed (``exc``: why), so that none waits for it (a no-op
+        for the failure of another rank, which they know of)."""
+        if isinstance(exc, PeerFailed):
+            return
+        self._share_failure(f"{type(exc).__name__}: {exc}" if not isinstance(exc, SolarError) else str(exc))
+
+    def close(self):
+        """Stop the prefetch thread and free the window.  Collective over the node (and over ``comm`` for a
+        plan with transfers) when nothing failed; after a failure nothing collective is done (the window
+        is left to the process's end, so that no rank waits for a failed one)."""
+        if self.shm is None:
+            return
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join()
+        failed = self._failed_shared or self._error is not None or self._peer_failed()
+        if not failed:
+            self.shm.publish(FLAG, CLOSED)
+        if self.xcomm is not None:  # requests left by an early close or a failure
+            left = [r for b in self._booked for r in b.recvs] + [r for _, reqs in self._sending for r in reqs]
+            for r in left + [r for r, _ in self._err_reqs]:
+                _drop(r)
+        if failed:
+            self.shm = None
+            return
+        freed = self.shm.free()  # gives up if a rank of the node fails while this one waits for it
+        self.shm = None
+        if not freed:
+            return
+        for c in (self.xcomm, self.ncomm):
+            if c is not None:
+                c.Free()
+        self.xcomm = self.ncomm = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc is not None:
+            self.fail(exc)
+        self.close()
+
+    # ------------------------------------------------------------------ shared state
+    def _share_failure(self, message: str, own: bool = True):
+        """Mark this rank failed in the window (its node's ranks see it) and, for a failure of its own
+        (``own``) in a plan with transfers, tell every other node's local rank 0."""
+        if self._failed_shared or self.shm is None:
+            return
+        self._failed_shared = True
+        text = f"rank {self.rank} (node {self.node}) failed: {message}" if own else message
+        self.shm.fail(text)
+        if self.xcomm is not None and own:
+            payload = bytearray(text.encode("utf-8", "replace")[:255])
+            for m in range(self.nodes.n_nodes):
+                if m != self.node:
+                    self._err_reqs.append((self.xcomm.Isend([payload, _byte()], dest=self.nodes.ranks_of(m)[0],
+                                                            tag=TAG_ERR), payload))
+
+    def _peer_failed(self) -> bool:
+        if self.shm is None:
+            return False
+        flags = self.shm.counters(FLAG)
+        return bool(((flags == FAILED) & (np.arange(self.L) != self.local)).any())
+
+    def _check_peers(self):
+        """PeerFailed when another rank of the node, or (local rank 0, transfers) of the job, failed."""
+        flags = self.shm.counters(FLAG)
+        for j in np.flatnonzero(flags == FAILED).tolist():
+            if j != self.local:
+                raise PeerFailed(self.shm.message(j) or f"rank {self.node * self.L + j} (node {self.node}) failed")
+        if self.xcomm is not None and self.local == 0:
+            from mpi4py import MPI
+            st = MPI.Status()
+            if self.xcomm.Iprobe(source=MPI.ANY_SOURCE, tag=TAG_ERR, status=st):
+                buf = bytearray(st.Get_count(MPI.BYTE))
+                self.xcomm.Recv([buf, MPI.BYTE], source=st.Get_source(), tag=TAG_ERR)
+                text = buf.decode("utf-8", "replace")
+                self._share_failure(text, own=False)  # this node's other ranks learn it from the window
+                raise PeerFailed(text)
+
+    # ------------------------------------------------------------------ prefetch thread
+    def _run(self):
+        from concurrent.futures import ThreadPoolExecutor
+        io = ThreadPoolExecutor(self.io_depth, thread_name_prefix=f"solar-node-io-r{self.rank}")
+        try:
+            if self.start > 0:
+                self._warm_up()
+            self._loop(io)
+        except _Closed:
+            return
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, raised there
+            err = exc if isinstance(exc, SolarError) else NodeBufferError(
+                f"node buffer of rank {self.rank} failed: {type(exc).__name__}: {exc}")
+            if err is not exc:
+                err.__cause__ = exc
+            if not isinstance(exc, PeerFailed):
+                self._share_failure(str(err))
+            with self._cv:
+                self._error = err
+                self._cv.notify_all()
+        finally:
+            io.shutdown(wait=True)
+
+    def _warm_up(self):
+        """Read this rank's part of what the plan holds resident when step ``start`` begins (a resume)."""
+        lp, ep = self.lists["load_ptr"], self.lists["evict_ptr"]
+        load, evict = np.asarray(self.lists["load"][:lp[self.start]], np.int64), self.lists["evict"][:ep[self.start]]
+        res = np.zeros(self.block_nbytes.shape[0], dtype=np.int64)  # resident count per block
+        np.add.at(res, load, 1)
+        np.add.at(res, np.asarray(evict, np.int64), -1)
+        rev = load[::-1]
+        blocks, last = np.unique(rev, return_index=True)  # each block's last load before start
+        keep = res[blocks] > 0
+        blocks, slot = blocks[keep], self.load_slot[:lp[self.start]][::-1][last[keep]]
+        self.slot_of[blocks] = slot
+        self.resident_bytes = self.peak_resident_bytes = int(self.block_nbytes[blocks].sum())
+        ptr = self.split(self.block_stored[blocks], self.L)
+        part = slice(int(ptr[self.local]), int(ptr[self.local + 1]))
+        views = [self._view(int(self.class_of[b]), int(s), int(b)) for b, s in zip(blocks[part].tolist(),
+                                                                                  slot[part].tolist())]
+        if views:
+            self.warmup_bytes_read = self.reader.read_blocks(blocks[part], views).bytes_read
+
+    def _view(self, c: int, s: int, b: int) -> np.ndarray:
+        arr = self.pools.arrays[c][s]
+        n = int(self.block_nbytes[b])
+        return arr if n == arr.shape[0] else arr[:n]
+
+    def _loop(self, io):
+        booked, sending = self._booked, self._sending
+        g_book = self.start
+        pub_read = pub_recv = asm = done = self.start - 1
+        send_next = self.start
+        xfer = self.xcomm is not None and self.local == 0
+        wait, idle_since = POLL_MIN_S, None
+        while True:
+            progressed = False
+            if self._closed:
+                raise _Closed
+            self._check_peers()
+            reads, dones = self.shm.counters(READ), self.shm.counters(DONE)
+            recvd = int(self.shm.counters(RECV)[0])
+            # 1. this rank's storage reads of the oldest steps complete: publish READ, in order; local rank 0's
+            # receives complete: RECV (separate: a node sends once its reads are in, whatever it still receives)
+            for item in booked:
+                if item.g <= pub_read:
+                    continue
+                if item.fut is not None and not item.fut.done():
+                    break
+                if item.fut is not None:
+                    rs = item.fut.result()
+                    item.stats.bytes_read, item.stats.n_reads = rs.bytes_read, rs.n_reads
+                item.stats.read_s = time.perf_counter() - item.t0
+                pub_read = item.g
+                self.shm.publish(READ, pub_read)
+                reads[self.local] = pub_read
+                progressed = True
+            if self.local == 0:
+                for item in booked:
+                    if item.g <= pub_recv:
+                        continue
+                    if item.recvs and not _all_done(item.recvs):
+                        break
+                    pub_recv = recvd = item.g
+                    self.shm.publish(RECV, pub_recv)
+                    progressed = True
+            node_read = int(reads.min())
+            # 2. local rank 0: send the blocks of steps its node has read; completed sends
+            if xfer:
+                while send_next < g_book and send_next <= node_read:
+                    # each block copied out of the window first: MPICH 5.0.2 sending straight from a shared
+                    # window's memory gave MPI_ERR_TRUNCATE at the receiver (CMA on) or a segfault (CMA off)
+                    reqs = [self.xcomm.Isend([v.copy(), _byte()], dest=d, tag=send_next % TAG_MOD)
+                            for d, v in self._sends.pop(send_next, [])]
+                    sending.append((send_next, reqs))
+                    send_next += 1
+                    progressed = True
+                while sending and _all_done(sending[0][1]):
+                    sending.popleft()
+                    progressed = True
+                sent = sending[0][0] - 1 if sending else send_next - 1
+            # 3. assemble the oldest booked step once the node has read it and the queue has room
+            if booked and booked[0].g <= node_read and booked[0].g <= recvd:
+                with self._cv:
+                    room = booked[0].g - self._next_get < self.prefetch
+                if room:
+                    item = booked.popleft()
+                    t1 = time.perf_counter()
+                    out = self.assemble(item.g, item.samples, item.blocks)
+                    item.stats.assemble_s = time.perf_counter() - t1
+                    asm = item.g
+                    with self._cv:
+                        self._ready[item.g], self._stats[item.g] = out, item.stats
+                        self._cv.notify_all()
+                    progressed = True
+            # 4. publish DONE
+            d = min(asm, sent) if xfer else asm
+            if d > done:
+                done = d
+                self.shm.publish(DONE, done)
+                dones[self.local] = done
+                progressed = True
+            if done >= self.stop - 1:
+                return
+            # 5. book the next step: its slots free on the whole node, reads in flight and queue bounded
+            if g_book < self.stop and len(booked) < self.io_depth:
+                with self._cv:
+                    ahead = g_book - self._next_get < self.prefetch + self.io_depth and not self._fenced(g_book)
+                if ahead and int(dones.min()) >= int(self.after[g_book]):
+                    booked.append(self._book(g_book, io, xfer))
+                    g_book += 1
+                    progressed = True
+            if progressed:
+                wait, idle_since = POLL_MIN_S, None
+                continue
+            now = time.monotonic()
+            idle_since = idle_since or now
+            if self._check_stuck(booked, g_book, reads, dones, pub_read, now - idle_since):
+                idle_since = None  # waiting for this rank's own consumer: not a stall of the others
+            with self._cv:
+                if not self._closed:
+                    self._cv.wait(wait)
+            wait = min(POLL_MAX_S, wait * 2)
+
+    def _fenced(self, g: int) -> bool:
+        return bool(self.fence) and g % self.fence == 0 and g > self._released
+
+    def _check_stuck(self, booked, g_book, reads, dones, pub_read, idle_s) -> bool:
+        """While nothing moves: a closed rank this one waits for, or ``timeout`` spent waiting for the
+        node's other ranks (not for this rank's consumer), raise NodeBufferError.  Returns whether this
+        rank waits for its own consumer (its queue full, or reads as far ahead as allowed)."""
+        flags = self.shm.counters(FLAG)
+        waits = []  # (local rank, what) this rank waits for
+        if booked and booked[0].g <= pub_read:
+            g = booked[0].g
+            waits += [(j, f"its reads of step {g}") for j in np.flatnonzero(reads < g).tolist()]
+        if g_book < self.stop and len(booked) < self.io_depth:
+            a = int(self.after[g_book])
+            waits += [(j, f"its step {a} to be assembled") for j in np.flatnonzero(dones < a).tolist()]
+        for j, what in waits:
+            if j != self.local and flags[j] == CLOSED:
+                raise NodeBufferError(f"rank {self.node * self.L + j} closed its node buffer while rank {self.rank} "
+                                      f"waits for {what}: every rank of a node must close together")
+        with self._cv:
+            consumer_bound = (bool(booked) and booked[0].g - self._next_get >= self.prefetch) or (
+                not booked and (g_book - self._next_get >= self.prefetch + self.io_depth or self._fenced(g_book)))
+        if consumer_bound:
+            return True
+        if self.timeout is not None and idle_s > self.timeout:
+            who = ", ".join(f"rank {self.node * self.L + j} ({what})" for j, what in waits) or "other nodes' transfers"
+            raise NodeBufferError(f"rank {self.rank} made no progress for {idle_s:.0f} s waiting for {who} (node "
+                                  f"{self.node}: READ {reads.tolist()}, DONE {dones.tolist()}; next step to book "
+                                  f"{g_book})")
+        return False
+
+    def _book(self, g: int, io, xfer: bool) -> _Booked:
+        lst, C = self.lists, self.C
+        lp, ep = lst["load_ptr"], lst["evict_ptr"]
+        ev = np.asarray(lst["evict"][ep[g]:ep[g + 1]], np.int64)
+        ld = np.asarray(lst["load"][lp[g]:lp[g + 1]], np.int64)
+        self.slot_of[ev] = -1
+        self.slot_of[ld] = self.load_slot[lp[g]:lp[g + 1]]
+        self.resident_bytes += int(self.block_nbytes[ld].sum()) - int(self.block_nbytes[ev].sum())
+        self.peak_resident_bytes = max(self.peak_resident_bytes, self.resident_bytes)
+        s_load, s_lptr, s_evict, s_eptr = self.stg
+        self.sslot_of[s_evict[s_eptr[g]:s_eptr[g + 1]]] = -1
+        sl = s_load[s_lptr[g]:s_lptr[g + 1]]
+        self.sslot_of[sl] = self.stage_slot[s_lptr[g]:s_lptr[g + 1]]
+        sp = self.samples_ptr
+        samples = self.samples[sp[g]:sp[g + 1]]
+        st = NodeStepStats(g, samples=int(samples.shape[0]))
+        # where each block this rank's samples need lives: pool (class c), staging (class C + c)
+        need = step_blocks(self.sample_ptr, self.sample_blocks, samples) if samples.size else np.zeros(0, np.int64)
+        slot, cls = self.slot_of[need], self.class_of[need].astype(np.int64)
+        staged = slot < 0
+        slot = np.where(staged, self.sslot_of[need], slot)
+        cls = np.where(staged, cls + C, cls)
+        missing = need[slot < 0]
+        st.hits = int(np.count_nonzero(~staged) - np.count_nonzero(np.isin(need, ld)))
+        st.hit_bytes = int(self.block_nbytes[need[~staged]].sum() - self.block_nbytes[np.intersect1d(need, ld)].sum())
+        extra = {}
+        if missing.size:  # the plan said the node holds these: count it, read them so nothing wrong is delivered
+            st.plan_violations = int(missing.shape[0])
+            bufs = [np.empty(int(self.block_nbytes[b]), np.uint8) for b in missing.tolist()]
+            self.reader.read_blocks(missing, bufs)
+            extra = dict(zip(missing.tolist(), bufs))
+        blocks = StepBlocks(g, need, cls, slot, self.pools, self.block_nbytes, extra)
+        # this rank's part of the node's reads: loads (pool) and stages (staging), sorted by block
+        n_stage = int(lst["stage_ptr"][g + 1] - lst["stage_ptr"][g])
+        r_blocks = np.concatenate([ld, sl[:n_stage]])
+        r_cls = np.concatenate([self.class_of[ld], self.class_of[sl[:n_stage]] + C]).astype(np.int64)
+        r_slot = np.concatenate([self.slot_of[ld], self.sslot_of[sl[:n_stage]]])
+        is_stage = np.arange(r_blocks.shape[0]) >= ld.shape[0]
+        order = np.argsort(r_blocks, kind="stable")
+        ptr = self.split(self.block_stored[r_blocks[order]], self.L)
+        mine = order[int(ptr[self.local]):int(ptr[self.local + 1])]
+        st.misses, st.bytes_loaded = int(mine.shape[0]), int(self.block_nbytes[r_blocks[mine]].sum())
+        st.staged = int(np.count_nonzero(is_stage[mine]))
+        t0 = time.perf_counter()
+        fut = None
+        if mine.size:
+            views = [self._view(c, s, b) for c, s, b in zip(r_cls[mine].tolist(), r_slot[mine].tolist(),
+                                                           r_blocks[mine].tolist())]
+            fut = io.submit(self.reader.read_blocks, r_blocks[mine], views)
+        recvs = []
+        if xfer:
+            recvs = self._post_transfers(g, st)
+        return _Booked(g, samples, blocks, st, fut, recvs, t0)
+
+    def _post_transfers(self, g: int, st: NodeStepStats) -> list:
+        """Local rank 0: post the receives of step g (into staging slots) and note its sends (posted
+        once the node has read g)."""
+        lst, C = self.lists, self.C
+        rp, sp = lst["recv_ptr"], lst["send_ptr"]
+        recv, frm = lst["recv"][rp[g]:rp[g + 1]], lst["recv_from"][rp[g]:rp[g + 1]]
+        reqs = []
+        for b, m in zip(np.asarray(recv, np.int64).tolist(), np.asarray(frm).tolist()):
+            v = self._view(int(self.class_of[b]) + C, int(self.sslot_of[b]), b)
+            reqs.append(self.xcomm.Irecv([v, _byte()], source=self.nodes.ranks_of(int(m))[0], tag=g % TAG_MOD))
+        st.recv_blocks, st.recv_bytes = len(reqs), int(self.block_nbytes[np.asarray(recv, np.int64)].sum())
+        send, to = lst["send"][sp[g]:sp[g + 1]], lst["send_to"][sp[g]:sp[g + 1]]
+        out = []
+        for b, m in zip(np.asarray(send, np.int64).tolist(), np.asarray(to).tolist()):
+            if self.slot_of[b] >= 0:
+                v = self._view(int(self.class_of[b]), int(self.slot_of[b]), b)
+            elif self.sslot_of[b] >= 0:
+                v = self._view(int(self.class_of[b]) + C, int(self.sslot_of[b]), b)
+            else:
+                raise NodeBufferError(f"step {g}: the plan has node {self.node} send block {b}, which it does not "
+                                      f"hold (damaged plan?)")
+            out.append((self.nodes.ranks_of(int(m))[0], v))
+        self._sends[g] = out
+        st.sent_blocks, st.sent_bytes = len(out), int(self.block_nbytes[np.asarray(send, np.int64)].sum())
+        return reqs
+
+
+def _byte():
+    from mpi4py import MPI
+    return MPI.BYTE
+
+
+def _all_done(reqs: List) -> bool:
+    from mpi4py import MPI
+    return bool(MPI.Request.Testall(reqs))
+
+
+def _drop(req):
+    """Give up on a request still active at close (cancelled, then freed; best effort)."""
+    from mpi4py import MPI
+    try:
+        if req != MPI.REQUEST_NULL:
+            req.Cancel()
+            req.Free()
+    except Exception:  # noqa: BLE001 - best effort at shut-down
+        pass

@@ -1,0 +1,382 @@
+"""Node-shared pools: the memory of a node's buffer, and the pure functions that lay a node plan
+out in it.
+
+The ranks of one node (a :class:`~solar.scheduler.nodes.NodeMap` node, not necessarily a machine)
+keep one pool of slots in an MPI shared-memory window (``MPI.Win.Allocate_shared`` on the node's
+communicator, ``comm.Split(color=node)``); :class:`SharedPools` is that window: a header of
+progress counters, then the pool's slots per size class, then the staging area's (blocks used at
+one step only: a node plan's ``stage`` lists and the blocks received from other nodes).
+
+Where each block goes is decided before anything runs, the same on every rank of the node
+(:func:`assign_slots`: arrays in, arrays out), so the ranks never exchange a slot table; they share
+only bytes and counters.  A freed slot is reused first-in first-out (the slot freed longest ago
+first), and each step gets ``after[g]``: the step that every rank of the node must have assembled
+before step g's reads may overwrite their slots (:func:`assign_slots`).  With more slots than the
+plan's peak (room for reads in flight), FIFO reuse lets reads run ahead.
+
+Pure parts (no I/O, no MPI, no clock): :func:`assign_slots`, :func:`staging_lists`,
+:func:`node_memory`, the read splits of :data:`READ_SPLITS`.
+"""
+from __future__ import annotations
+
+import platform
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable, Dict
+
+import numba as nb
+import numpy as np
+
+from ..errors import SolarError
+from .pool import SlotPools, pool_memory
+from .sizing import memory_limit, pool_slots, slots_needed
+
+
+class NodeBufferError(SolarError):
+    """A node-shared buffer cannot start or go on (one line, naming the rank, step or figure)."""
+
+
+# ---------------------------------------------------------------- slot assignment
+OK, NOT_RESIDENT, ALREADY_RESIDENT, NO_SLOT = 0, 1, 2, 3
+
+
+@nb.njit(nogil=True, cache=True)
+def _assign(load, load_ptr, evict, evict_ptr, class_of, slots, check_evict, slot_out, after_out, err):
+    """FIFO slot assignment of a node's lists (see :func:`assign_slots`); ``err`` int64[3] out:
+    (status, step, block or class)."""
+    G = load_ptr.shape[0] - 1
+    C = slots.shape[0]
+    off = np.zeros(C + 1, np.int64)
+    for c in range(C):
+        off[c + 1] = off[c] + slots[c]
+    q_slot = np.empty(off[C], np.int64)  # ring of free slots per class, at off[c] .. off[c+1]
+    q_step = np.empty(off[C], np.int64)  # the step that freed each (-1: never used)
+    head = np.zeros(C, np.int64)
+    count = slots.copy()
+    for c in range(C):
+        for i in range(slots[c]):
+            q_slot[off[c] + i] = i
+            q_step[off[c] + i] = -1
+    cur = np.full(class_of.shape[0], -1, np.int64)  # slot of each resident block
+    for g in range(G):
+        a = -1
+        for i in range(evict_ptr[g], evict_ptr[g + 1]):
+            b = evict[i]
+            c = class_of[b]
+            s = cur[b]
+            if s < 0:
+                if check_evict:
+                    err[0], err[1], err[2] = NOT_RESIDENT, g, b
+                    return
+                continue
+            cur[b] = -1
+            pos = off[c] + (head[c] + count[c]) % slots[c]
+            q_slot[pos] = s
+            q_step[pos] = g
+            count[c] += 1
+        for i in range(load_ptr[g], load_ptr[g + 1]):
+            b = load[i]
+            c = class_of[b]
+            if cur[b] >= 0:
+                err[0], err[1], err[2] = ALREADY_RESIDENT, g, b
+                return
+            if count[c] == 0:
+                err[0], err[1], err[2] = NO_SLOT, g, c
+                return
+            pos = off[c] + head[c]
+            head[c] = (head[c] + 1) % slots[c]
+            count[c] -= 1
+            cur[b] = q_slot[pos]
+            slot_out[i] = q_slot[pos]
+            if q_step[pos] - 1 > a:
+                a = q_step[pos] - 1
+        after_out[g] = a
+
+
+def assign_slots(class_of: np.ndarray, slots: np.ndarray, load: np.ndarray, load_ptr: np.ndarray,
+                 evict: np.ndarray, evict_ptr: np.ndarray, check_evict: bool = True):
+    """``(slot int64[K], after int64[G])``: the slot of each entry of ``load`` and, per step, the
+    last step whose assembly must be over on every rank of the node before that step's loads are
+    written (-1: none).
+
+    ``class_of`` int32[B] size class of each block, ``slots`` int64[C] slots per class;
+    ``load``/``evict`` block ids, CSR over G steps (``*_ptr`` int64[G+1]); a step evicts before it
+    loads.  Freed slots are handed out first-in first-out.  A slot freed at step q held a block
+    the plan no longer needs at q, so it may be overwritten once step q-1 is assembled:
+    ``after[g]`` = max(q - 1) over the slots step g's loads take.  ``check_evict=False`` ignores
+    evictions of blocks that are not resident (staging lists that start mid-plan).  A damaged plan
+    (evicting a block that is not resident, loading one that is) or too few slots raise
+    :class:`NodeBufferError` naming the step.
+    """
+    load = np.ascontiguousarray(load, dtype=np.int64)
+    evict = np.ascontiguousarray(evict, dtype=np.int64)
+    G = int(np.shape(load_ptr)[0] - 1)
+    slot = np.full(load.shape[0], -1, dtype=np.int64)
+    after = np.full(G, -1, dtype=np.int64)
+    err = np.zeros(3, dtype=np.int64)
+    _assign(load, np.ascontiguousarray(load_ptr, np.int64), evict, np.ascontiguousarray(evict_ptr, np.int64),
+            np.ascontiguousarray(class_of, np.int64), np.ascontiguousarray(slots, np.int64), bool(check_evict),
+            slot, after, err)
+    status, g, x = (int(v) for v in err)
+    if status == NOT_RESIDENT:
+        raise NodeBufferError(f"step {g}: the plan evicts block {x}, which is not resident (damaged plan?)")
+    if status == ALREADY_RESIDENT:
+        raise NodeBufferError(f"step {g}: the plan loads block {x}, which is already resident (damaged plan?)")
+    if status == NO_SLOT:
+        raise NodeBufferError(f"step {g}: no free slot of size class {x} ({int(slots[x])} slots): the pools are "
+                              f"smaller than the plan's residency")
+    return slot, after
+
+
+def staging_lists(stage: np.ndarray, stage_ptr: np.ndarray, recv: np.ndarray, recv_ptr: np.ndarray):
+    """The staging area as load/evict lists: ``(load, load_ptr, evict, evict_ptr)``, each step's
+    staged then received blocks loaded at g and evicted at g + 1 (pointers int64[G+1])."""
+    stage, recv = np.asarray(stage, np.int64), np.asarray(recv, np.int64)
+    G = int(np.shape(stage_ptr)[0] - 1)
+    ns, nr = np.diff(stage_ptr), np.diff(recv_ptr)  # (G,) each
+    step = np.concatenate([np.repeat(np.arange(G), ns), np.repeat(np.arange(G), nr)])  # (s+r,) step of each
+    order = np.argsort(step, kind="stable")  # staged before received inside a step
+    load = np.concatenate([stage, recv])[order]
+    load_ptr = np.zeros(G + 1, dtype=np.int64)
+    np.cumsum(ns + nr, out=load_ptr[1:])
+    evict_ptr = np.concatenate([[0], load_ptr[:-1]]).astype(np.int64) if G else np.zeros(1, np.int64)
+    return load, load_ptr, load[:int(evict_ptr[-1])], evict_ptr
+
+
+# ---------------------------------------------------------------- who reads what
+def split_spread(stored: np.ndarray, L: int) -> np.ndarray:
+    """int64[L+1]: the ranks of a node read contiguous runs of the step's reads (sorted by block),
+    balanced by stored bytes: rank j reads ``[ptr[j], ptr[j+1])``."""
+    stored = np.asarray(stored, np.int64)
+    k = stored.shape[0]
+    if k == 0:
+        return np.zeros(L + 1, dtype=np.int64)
+    csum = np.cumsum(stored)  # (k,)
+    targets = csum[-1] * np.arange(1, L, dtype=np.int64) // L  # (L-1,) byte boundaries
+    cut = np.searchsorted(csum, targets, side="right")  # (L-1,) first read of each later rank
+    return np.concatenate([[0], cut, [k]]).astype(np.int64)
+
+
+def split_leader(stored: np.ndarray, L: int) -> np.ndarray:
+    """int64[L+1]: local rank 0 reads everything, the others nothing."""
+    k = int(np.shape(stored)[0])
+    return np.concatenate([[0], np.full(L, k)]).astype(np.int64)
+
+
+READ_SPLITS: Dict[str, Callable[[np.ndarray, int], np.ndarray]] = {"spread": split_spread, "leader": split_leader}
+
+
+def get_read_split(name: str) -> Callable[[np.ndarray, int], np.ndarray]:
+    try:
+        return READ_SPLITS[name]
+    except KeyError:
+        raise NodeBufferError(f"unknown read split {name!r}; valid: {', '.join(READ_SPLITS)}") from None
+
+
+# ---------------------------------------------------------------- memory
+@dataclass(frozen=True)
+class NodeMemory:
+    """One node's buffer memory in bytes: ``resident`` (pool slots for the plan's residency),
+    ``staging`` (slots for one step's staged and received blocks at the plan's peak), ``ahead``
+    (extra slots of both, for reads in flight), ``batches`` and ``bookkeeping`` (its ranks' own),
+    ``limit`` (ranks x the memory each rank's plan was made for), ``window`` (bytes of the
+    shared window: header + pools).
+
+    ``fits``: the parts the planner reserves (residency, batches, bookkeeping) are within
+    ``limit``.  The staging area is not reserved by the node planner (it plans the pool's
+    residency only), so it may take the total beyond ``limit``: ``over_limit`` says by how much.
+    """
+
+    resident: int
+    staging: int
+    ahead: int
+    batches: int
+    bookkeeping: int
+    limit: int
+    window: int
+
+    @property
+    def total(self) -> int:
+        return self.resident + self.staging + self.ahead + self.batches + self.bookkeeping
+
+    @property
+    def fits(self) -> bool:
+        return self.resident + self.batches + self.bookkeeping <= self.limit
+
+    @property
+    def over_limit(self) -> int:
+        return max(0, self.total - self.limit)
+
+    def to_dict(self) -> dict:
+        return dict(asdict(self), total=self.total, over_limit=self.over_limit)
+
+
+HEADER_KINDS = 4          # READ, DONE, FLAG, RECV counters per local rank
+READ, DONE, FLAG, RECV = range(HEADER_KINDS)
+RUNNING, FAILED, CLOSED = 0, 1, 2
+LINE = 8                  # int64 per counter: one 64-byte cache line each (one writer per line)
+MESSAGE_BYTES = 256       # a failed rank's one-line message, per local rank
+ALIGN = 4096
+
+
+def header_bytes(L: int) -> int:
+    raw = HEADER_KINDS * L * LINE * 8 + L * MESSAGE_BYTES
+    return -(-raw // ALIGN) * ALIGN
+
+
+def class_offsets(class_bytes: np.ndarray, slots: np.ndarray, start: int) -> np.ndarray:
+    """int64[C]: where each class's slots start in the window (64-byte aligned, after ``start``)."""
+    out = np.empty(np.shape(slots)[0], dtype=np.int64)
+    pos = int(start)
+    for c, (sz, n) in enumerate(zip(np.asarray(class_bytes).tolist(), np.asarray(slots).tolist())):
+        out[c] = pos
+        pos += -(-int(sz) * int(n) // 64) * 64
+    return out
+
+
+def node_memory(class_of: np.ndarray, class_bytes: np.ndarray, main: tuple, staging: tuple, *, L: int,
+                budget: int, batch: int, bookkeeping: int, prefetch: int, io_depth: int):
+    """``(NodeMemory, slots int64[2C])``: slots of the pool (classes 0..C-1) and of the staging
+    area (classes C..2C-1) for a node of ``L`` ranks.
+
+    ``main``/``staging``: the ``(load, load_ptr, evict, evict_ptr)`` lists of the pool and of the
+    staging area (:func:`staging_lists`).  Both get at least their plan's peak; slots held for
+    ``io_depth - 1`` steps of reads in flight are added as far as the node's limit allows
+    (``L`` x :func:`~solar.buffer.sizing.memory_limit` of the per-rank ``budget``).
+    """
+    C = int(np.shape(class_bytes)[0])
+    cb2 = np.concatenate([class_bytes, class_bytes]).astype(np.int64)  # (2C,)
+    base, want = [], []
+    for lists in (main, staging):
+        args = (class_of, C, np.asarray(lists[0], np.int64), lists[1], np.asarray(lists[2], np.int64), lists[3])
+        b = slots_needed(*args, window=0)
+        base.append(b)
+        want.append(slots_needed(*args, window=max(0, int(io_depth) - 1)) if io_depth > 1 else b)
+    base2, want2 = np.concatenate(base), np.concatenate(want)  # (2C,) each
+    limit = L * memory_limit(int(budget), int(batch), int(bookkeeping))
+    batches = L * (int(prefetch) + 1) * int(batch)
+    keep = L * int(bookkeeping)
+    slots = pool_slots(base2, want2, cb2, limit - batches - keep)
+    resident = int((base2[:C] * class_bytes).sum())
+    stage = int((base2[C:] * class_bytes).sum())
+    ahead = int((slots * cb2).sum()) - resident - stage
+    window = int(class_offsets(cb2, slots, header_bytes(L))[-1] + -(-int(cb2[-1] * slots[-1]) // 64) * 64) \
+        if C else header_bytes(L)
+    return NodeMemory(resident, stage, ahead, batches, keep, limit, window), slots
+
+
+# ---------------------------------------------------------------- the window
+def node_comm(comm, node: int):
+    """The communicator of this rank's node (``comm.Split(color=node)``, ranks in ``comm`` order);
+    on a real cluster the NodeMap comes from the topology and this equals
+    ``Split_type(COMM_TYPE_SHARED)``.  Collective over ``comm``."""
+    return comm.Split(color=int(node), key=comm.Get_rank())
+
+
+def _barriers_needed() -> bool:
+    """Plain stores and loads of aligned int64 are ordered enough on x86-64 (TSO); elsewhere the
+    counters need ``Win.Sync`` memory barriers."""
+    return platform.machine().lower() not in ("x86_64", "amd64")
+
+
+class SharedPools:
+    """One node's window: progress counters and the pools (``pools``: a :class:`SlotPools` of 2C
+    classes, the pool's then the staging area's, over the window's memory).
+
+    Collective over ``ncomm`` (the node's communicator; None: a node of one rank, private
+    memory).  Local rank 0 allocates the whole window, the others map it
+    (``Win.Shared_query(0)``); each rank faults in its share of the pages at start.  Counters
+    (:data:`READ`, :data:`RECV`, :data:`DONE`, :data:`FLAG`) have one writer each: local rank j
+    writes row j.
+    """
+
+    def __init__(self, ncomm, class_bytes2: np.ndarray, slots2: np.ndarray, window_bytes: int, init: int = -1):
+        self.ncomm = ncomm
+        self.L = ncomm.Get_size() if ncomm is not None else 1
+        self.local = ncomm.Get_rank() if ncomm is not None else 0
+        self.win = None
+        self._sync = False
+        hb = header_bytes(self.L)
+        if ncomm is None:
+            buf = pool_memory(int(window_bytes))
+        else:
+            from mpi4py import MPI
+            self.win = MPI.Win.Allocate_shared(int(window_bytes) if self.local == 0 else 0, 1, comm=ncomm)
+            mem, _ = self.win.Shared_query(0)
+            buf = np.frombuffer(mem, dtype=np.uint8)
+            if buf.shape[0] < window_bytes:
+                raise NodeBufferError(f"shared window of {buf.shape[0]} bytes, {window_bytes} asked")
+            self.win.Lock_all(MPI.MODE_NOCHECK)
+            self._sync = _barriers_needed() and MPI.Query_thread() == MPI.THREAD_MULTIPLE
+            if _barriers_needed() and not self._sync:
+                raise NodeBufferError("node-shared buffers on this CPU need MPI_THREAD_MULTIPLE (memory barriers "
+                                      "from the prefetch thread); mpi4py.rc.thread_level is lower")
+        self.buf = buf
+        # (HEADER_KINDS, L, LINE): counter k of local rank j is header[k, j, 0]
+        self.header = buf[:HEADER_KINDS * self.L * LINE * 8].view(np.int64).reshape(HEADER_KINDS, self.L, LINE)
+        msg0 = HEADER_KINDS * self.L * LINE * 8
+        # (L, MESSAGE_BYTES): local rank j's failure message
+        self.messages = buf[msg0:msg0 + self.L * MESSAGE_BYTES].reshape(self.L, MESSAGE_BYTES)
+        offsets = class_offsets(class_bytes2, slots2, hb)
+        self.pools = SlotPools(class_bytes2, slots2, memory=buf, offsets=offsets)
+        self.window_bytes = int(window_bytes)
+        # each rank faults in (and zeroes) its share of the pages, in parallel, and sets its own counters
+        share = -(-(buf.shape[0] - hb) // self.L)
+        lo = hb + self.local * share
+        buf[lo:min(buf.shape[0], lo + share)] = 0
+        self.messages[self.local, :] = 0
+        self.header[READ, self.local, 0] = self.header[DONE, self.local, 0] = int(init)
+        self.header[RECV, self.local, 0] = int(init)
+        self.header[FLAG, self.local, 0] = RUNNING
+        self.barrier()
+
+    def barrier(self):
+        if self.ncomm is not None:
+            from ..mpi import sleep_barrier
+            self.sync()
+            sleep_barrier(self.ncomm)
+            self.sync()
+
+    def sync(self):
+        if self.win is not None and self._sync:
+            self.win.Sync()
+
+    def publish(self, kind: int, value: int):
+        """Write this rank's counter ``kind`` (after the data it covers is in place)."""
+        self.sync()
+        self.header[kind, self.local, 0] = value
+
+    def counters(self, kind: int) -> np.ndarray:
+        """int64[L]: every local rank's counter ``kind`` (a copy)."""
+        out = self.header[kind, :, 0].copy()
+        self.sync()
+        return out
+
+    def fail(self, message: str):
+        raw = message.encode("utf-8", "replace")[:MESSAGE_BYTES - 1]
+        self.messages[self.local, :] = 0
+        self.messages[self.local, :len(raw)] = np.frombuffer(raw, np.uint8)
+        self.publish(FLAG, FAILED)
+
+    def message(self, j: int) -> str:
+        row = self.messages[j].tobytes()
+        return row.split(b"\0", 1)[0].decode("utf-8", "replace")
+
+    def free(self, poll_s: float = 0.002) -> bool:
+        """Collective over the node: wait (sleeping) for every rank to arrive, then free the window.
+        Gives up (returns False, the window left to the process's end) when a rank of the node marks
+        itself failed meanwhile: it will not arrive."""
+        if self.win is None:
+            return True
+        self.sync()
+        req = self.ncomm.Ibarrier()
+        while not req.Test():
+            if (self.counters(FLAG) == FAILED).any():
+                return False
+            time.sleep(poll_s)
+        self.pools = None
+        self.header = self.messages = self.buf = None
+        self.win.Unlock_all()
+        self.win.Free()
+        self.win = None
+        return True

@@ -1,0 +1,465 @@
+"""Node-shared buffers (issue 11): the runtime that executes a node plan in MPI shared-memory pools.
+
+* pure parts (slot assignment, staging lists, read splits, memory) against independent replays;
+* ``mpi``: run serially, under ``mpiexec -n 2`` and ``mpiexec -n 4`` (4 ranks pretending to be
+  2 nodes x 2 ranks): every batch equals h5py's bytes, each node reads from storage exactly the
+  stored bytes of its plan's loads and stages, the pool never holds more than the node budget,
+  transfers move exactly the plan's blocks; random configurations (hypothesis, the same examples
+  on every rank) with a reader that sleeps at random check that no slot is overwritten while a
+  rank may still use it;
+* ``mpiexec -n 4`` subprocesses (tests/node_job.py): a rank raising in its loop or failing in its
+  prefetch thread ends every rank with an error, a slow rank does not break the others.
+"""
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings, strategies as st
+
+from conftest import on_root
+from helpers import h5py_sample, make_dataset
+from solar.buffer.node_manager import NodeBufferManager, PeerFailed
+from solar.buffer.node_pools import (NodeBufferError, READ_SPLITS, assign_slots, get_read_split, node_memory,
+                                     split_spread, staging_lists)
+from solar.buffer.sizing import batch_bytes, size_classes, slots_needed
+from solar.io import get_reader
+from solar.io.reader import ReadStats
+from solar.layout import load_layout
+from solar.loader.assemble import BatchAssembler
+from solar.scheduler.config import PlanConfig
+from solar.scheduler.node_plan import NODE_STATS, plan_nodes
+from solar.scheduler.nodes import NodeMap
+from solar.scheduler.run import Demand
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+COL = {name: i for i, name in enumerate(NODE_STATS)}
+
+
+# ---------------------------------------------------------------- pure parts
+@st.composite
+def residency(draw):
+    """Random load/evict lists over G steps of B blocks in C size classes (a node plan's shape)."""
+    B = draw(st.integers(1, 24))
+    C = draw(st.integers(1, 3))
+    class_of = np.array(draw(st.lists(st.integers(0, C - 1), min_size=B, max_size=B)), np.int32)
+    G = draw(st.integers(1, 12))
+    resident, load, evict, lp, ep = set(), [], [], [0], [0]
+    for _ in range(G):
+        out = sorted(b for b in resident if draw(st.booleans()))
+        resident -= set(out)
+        new = sorted(b for b in range(B) if b not in resident and b not in out and draw(st.integers(0, 3)) == 0)
+        resident |= set(new)
+        evict += out
+        load += draw(st.permutations(new))
+        ep.append(len(evict))
+        lp.append(len(load))
+    return class_of, C, *(np.array(x, np.int64) for x in (load, lp, evict, ep))
+
+
+def replay_slots(class_of, load, lp, evict, ep, slot):
+    """Independent replay of an assignment: ``after`` per step (-1 none) from the slots' histories,
+    asserting that no two resident blocks ever share a (class, slot)."""
+    holder, freed_at, where = {}, {}, {}
+    after = []
+    for g in range(lp.shape[0] - 1):
+        for b in evict[ep[g]:ep[g + 1]].tolist():
+            key = where.pop(b)
+            del holder[key]
+            freed_at[key] = g
+        a = -1
+        for i in range(lp[g], lp[g + 1]):
+            b, key = int(load[i]), (int(class_of[load[i]]), int(slot[i]))
+            assert key not in holder, f"step {g}: block {b} given slot {key}, held by block {holder.get(key)}"
+            holder[key], where[b] = b, key
+            a = max(a, freed_at.get(key, 0) - 1)
+        after.append(a)
+    return np.array(after, np.int64)
+
+
+@settings(max_examples=150, deadline=None)
+@given(residency(), st.integers(0, 3))
+def test_assign_slots_never_shares_a_slot_and_says_when_it_is_free(case, extra):
+    class_of, C, load, lp, evict, ep = case
+    peak = slots_needed(class_of, C, load, lp, evict, ep)
+    slots = peak + extra
+    slot, after = assign_slots(class_of, slots, load, lp, evict, ep)
+    assert ((slot >= 0) & (slot < slots[class_of[load]])).all()
+    assert np.array_equal(after, replay_slots(class_of, load, lp, evict, ep, slot))
+    assert (after <= np.arange(lp.shape[0] - 1) - 1).all()  # a step never waits for itself
+    # FIFO: every slot taken had been free at least as long as every other free slot of its class
+    free_since = {(c, s): -1 for c in range(C) for s in range(int(slots[c]))}
+    where = {}
+    for g in range(lp.shape[0] - 1):
+        for b in evict[ep[g]:ep[g + 1]].tolist():
+            free_since[where.pop(b)] = g
+        for i in range(lp[g], lp[g + 1]):
+            c = int(class_of[load[i]])
+            key = (c, int(slot[i]))
+            oldest = min(v for (cc, _), v in free_since.items() if cc == c)
+            assert free_since.pop(key) == oldest
+            where[int(load[i])] = key
+
+
+def test_assign_slots_errors_name_the_step():
+    class_of = np.zeros(3, np.int32)
+    lp, ep = np.array([0, 2, 3]), np.array([0, 0, 0])
+    with pytest.raises(NodeBufferError, match=r"step 1: no free slot of size class 0 \(2 slots\)"):
+        assign_slots(class_of, np.array([2]), np.array([0, 1, 2]), lp, np.zeros(0, np.int64), ep)
+    with pytest.raises(NodeBufferError, match="step 1: the plan loads block 0, which is already resident"):
+        assign_slots(class_of, np.array([3]), np.array([0, 1, 0]), lp, np.zeros(0, np.int64), ep)
+    with pytest.raises(NodeBufferError, match="step 0: the plan evicts block 2, which is not resident"):
+        assign_slots(class_of, np.array([3]), np.array([0, 1, 0]), lp, np.array([2]), np.array([0, 1, 1]))
+
+
+def test_staging_lists_hold_each_step_for_one_step():
+    stage, stage_ptr = np.array([5, 6, 7]), np.array([0, 2, 2, 3])
+    recv, recv_ptr = np.array([1, 2]), np.array([0, 1, 1, 2])
+    load, lp, evict, ep = staging_lists(stage, stage_ptr, recv, recv_ptr)
+    assert load.tolist() == [5, 6, 1, 7, 2] and lp.tolist() == [0, 3, 3, 5]
+    assert ep.tolist() == [0, 0, 3, 3] and evict.tolist() == [5, 6, 1]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 1000), max_size=40), st.integers(1, 6))
+def test_read_splits_cover_every_read_once_balanced(stored, L):
+    stored = np.array(stored, np.int64)
+    for name, fn in READ_SPLITS.items():
+        ptr = fn(stored, L)
+        assert ptr.shape == (L + 1,) and ptr[0] == 0 and ptr[-1] == stored.shape[0] and (np.diff(ptr) >= 0).all()
+    ptr = split_spread(stored, L)
+    parts = np.array([stored[ptr[j]:ptr[j + 1]].sum() for j in range(L)])
+    most = int(stored.max()) if stored.size else 0
+    assert (parts <= stored.sum() / L + most).all()  # no rank reads more than its share and one block
+
+
+def test_read_split_registry_lists_the_valid_names():
+    assert get_read_split("leader") is READ_SPLITS["leader"]
+    with pytest.raises(NodeBufferError, match="unknown read split 'all'; valid: spread, leader"):
+        get_read_split("all")
+
+
+def test_node_memory_counts_pool_staging_and_batches():
+    class_of, class_bytes = size_classes(np.array([100, 100, 100, 300]))
+    main = (np.array([0, 1, 3, 2]), np.array([0, 3, 4]), np.array([0]), np.array([0, 0, 1]))
+    stg = staging_lists(np.array([2, 0]), np.array([0, 1, 2]), np.zeros(0, np.int64), np.zeros(3, np.int64))
+    mem, slots = node_memory(class_of, class_bytes, main, stg, L=2, budget=250, batch=10, bookkeeping=7,
+                             prefetch=2, io_depth=1)
+    # pool: at most 2 blocks of 100 and one of 300 resident at once; staging: one block of 100 per step
+    assert slots.tolist() == [2, 1, 1, 0]
+    assert (mem.resident, mem.staging, mem.ahead) == (500, 100, 0)
+    assert mem.batches == 2 * 3 * 10 and mem.bookkeeping == 14
+    assert mem.limit == 2 * (250 + 4 * 10 + 7) and mem.fits
+    assert mem.window >= 4096 + 500 + 100
+
+
+# ---------------------------------------------------------------- runtime, synthetic (hypothesis)
+def pattern(b: int, n: int) -> np.ndarray:
+    """The bytes block ``b`` holds (distinct per block)."""
+    return ((np.arange(n, dtype=np.int64) * 7 + b * 131 + (b >> 8)) % 251).astype(np.uint8)
+
+
+class PatternReader:
+    """Fills block b with :func:`pattern`; sleeps a random 0-2 ms per call (seeded) so that reads of
+    different ranks finish in every order."""
+
+    name, collective = "pattern", False
+
+    def __init__(self, block_nbytes, block_stored, seed):
+        self.nb, self.stored, self.rng = block_nbytes, block_stored, np.random.default_rng(seed)
+        self.blocks_read = []
+
+    def read_blocks(self, blocks, out):
+        time.sleep(float(self.rng.uniform(0, 0.002)))
+        for b, o in zip(np.asarray(blocks).tolist(), out):
+            o[:] = pattern(b, o.shape[0])
+        self.blocks_read.extend(np.asarray(blocks).tolist())
+        return ReadStats(len(out), int(self.stored[np.asarray(blocks, np.int64)].sum()), len(out))
+
+
+def check_lookup(g, samples, lookup, demand):
+    """The assemble callable of the property test: every block of every sample holds its bytes."""
+    for b in lookup.blocks.tolist():
+        if not np.array_equal(lookup(b), pattern(b, int(demand.block_nbytes[b]))):
+            raise AssertionError(f"step {g}: block {b} does not hold its bytes (slot reused too early?)")
+    need = np.unique(np.concatenate([demand.sample_blocks[demand.sample_ptr[s]:demand.sample_ptr[s + 1]]
+                                     for s in samples.tolist()] or [np.zeros(0, np.int64)]))
+    assert np.array_equal(need, lookup.blocks)
+    return samples.copy()
+
+
+def demand_dict(d):
+    return {"sample_ptr": d.sample_ptr, "sample_blocks": d.sample_blocks, "block_nbytes": d.block_nbytes,
+            "block_stored": d.block_stored}
+
+
+@pytest.mark.mpi
+# the same examples on every rank (derandomized), no shrinking (ranks would shrink apart and wait in
+# different collectives); a rank's failure is raised on every rank (allgather after each example)
+@settings(max_examples=6, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck),
+          phases=[Phase.explicit, Phase.generate])
+@given(n=st.integers(16, 40), spb=st.integers(1, 3), bps=st.integers(1, 3), b=st.integers(1, 3),
+       frac=st.sampled_from([0.3, 0.6]), policy=st.sampled_from(["solar-node", "solar-peer"]),
+       prefetch=st.integers(1, 3), io_depth=st.integers(1, 4), split=st.sampled_from(sorted(READ_SPLITS)),
+       L_pick=st.integers(0, 1))
+def test_random_plans_deliver_every_block_intact(comm, n, spb, bps, b, frac, policy, prefetch, io_depth, split,
+                                                  L_pick):
+    P = comm.size
+    L = [1, P][L_pick] if P > 1 else 1
+    d = Demand.synthetic(n, 96, samples_per_block=spb, blocks_per_sample=bps)
+    cfg = PlanConfig(world_size=P, local_batch=b, epochs=2,
+                     buffer_bytes=int(d.block_nbytes.sum() * frac / P) + 96 * spb * b)
+    plan, _ = plan_nodes(d, cfg, NodeMap(P, L), policy)
+    reader = PatternReader(d.block_nbytes, d.block_stored, seed=comm.rank)
+    err, got = None, []
+    try:  # no collective after the manager's: a rank that fails here must meet the others at the allgather
+        with NodeBufferManager(plan, comm.rank, demand_dict(d), reader, lambda g, s, lk: check_lookup(g, s, lk, d),
+                               comm=comm, budget=cfg.buffer_bytes, prefetch=prefetch, io_depth=io_depth,
+                               read_split=split, timeout=60) as mgr:
+            for g in range(plan.n_steps):
+                got.append(mgr.get(g))
+        assert mgr.totals.plan_violations == 0
+        assert np.array_equal(np.concatenate(got), plan.rank(comm.rank)["samples"])
+    except Exception as exc:  # noqa: BLE001 - raised on every rank below
+        err = f"rank {comm.rank}: {type(exc).__name__}: {exc}"
+    res = comm.allgather((err, reader.blocks_read))
+    bad = [e for e, _ in res if e]
+    assert not bad, "; ".join(bad)
+    # the node's ranks read each block of its loads and stages exactly once, between them
+    n_ = comm.rank // L
+    node = plan.node(n_)
+    want = sorted(node["load"].tolist() + node["stage"].tolist())
+    assert sorted(sum((r for j, (_, r) in enumerate(res) if j // L == n_), [])) == want
+
+
+# ---------------------------------------------------------------- runtime on h5py data (mpi)
+@pytest.fixture(scope="module")
+def well(comm, tmp_path_factory):
+    """(layout, {sample: h5py fields}): The Well windows in chunks, two block sizes, on every rank."""
+    root = str(tmp_path_factory.mktemp("node")) if comm.rank == 0 else None
+    out = on_root(comm, lambda: make_dataset(root, "well", "chunked", samples=4, steps=12))
+    layout = load_layout(out)
+    return layout, {s: h5py_sample(layout, s) for s in range(layout.n_samples)}
+
+
+def run_node(comm, layout, plan, cfg, **kw):
+    """Every step of ``plan`` on this rank: (batches, totals, manager)."""
+    asm = BatchAssembler(layout)
+
+    def assemble(g, samples, lookup):
+        out = asm(g, samples, lookup)
+        out["index"] = samples
+        return out
+    reader = get_reader("pread", layout, threads=2, max_gap=0)
+    slow = kw.pop("slow", 0.0)
+    batches = []
+    n = max(1, cfg.local_batch)
+    with NodeBufferManager(plan, comm.rank, demand_dict(Demand.from_layout(layout)), reader, assemble, comm=comm,
+                           budget=cfg.buffer_bytes, batch_bytes=batch_bytes(layout, n), timeout=60, **kw) as mgr:
+        for g in range(mgr.start, mgr.stop):
+            batches.append(mgr.get(g))
+            time.sleep(slow)
+    reader.close()
+    return batches, mgr.totals, mgr
+
+
+def check_batches(batches, ref, samples):
+    assert np.array_equal(np.concatenate([bt["index"] for bt in batches]), samples)
+    for bt in batches:
+        for i, s in enumerate(bt["index"].tolist()):
+            for k, v in ref[s].items():
+                assert bt[k][i].dtype == v.dtype and np.array_equal(bt[k][i], v), (s, k)
+
+
+def plan_for(comm, layout, L, policy, frac):
+    P = comm.size
+    cfg = PlanConfig(world_size=P, local_batch=2, epochs=2, buffer_bytes=int(layout.block_nbytes.sum() * frac / P))
+    plan = on_root(comm, lambda: plan_nodes(Demand.from_layout(layout), cfg, NodeMap(P, L), policy)[0])
+    return cfg, plan
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("policy,frac", [("solar-node", 0.5), ("solar-peer", 0.25)])
+@pytest.mark.parametrize("L", [1, 2])
+def test_batches_equal_h5py_and_reads_match_the_plan(comm, well, policy, frac, L):
+    if comm.size % L:
+        pytest.skip(f"{comm.size} ranks do not make nodes of {L}")
+    layout, ref = well
+    cfg, plan = plan_for(comm, layout, L, policy, frac)
+    batches, tot, mgr = run_node(comm, layout, plan, cfg)
+    check_batches(batches, ref, plan.rank(comm.rank)["samples"])
+    assert tot.plan_violations == 0 and tot.steps == plan.n_steps
+    n = comm.rank // L
+    node = plan.node(n)
+    ncomm = comm.Split(color=n, key=comm.rank)
+    # storage bytes per node: its ranks' reads sum to its loads' and stages' stored bytes, as the plan says
+    read = ncomm.allreduce(tot.bytes_read)
+    want = int(layout.block_stored[node["load"]].sum() + layout.block_stored[node["stage"]].sum())
+    assert read == want == int(node["stats"][:, COL["stored_bytes"]].sum())
+    assert ncomm.allreduce(tot.staged) == node["stage"].shape[0]
+    ncomm.Free()
+    # the pool: resident bytes within the node budget at every step, the window what the memory model says
+    assert mgr.peak_resident_bytes <= L * cfg.buffer_bytes
+    assert mgr.memory.resident <= L * cfg.buffer_bytes + int(layout.block_nbytes.max())
+    assert mgr.memory.fits and mgr.memory.window >= mgr.memory.resident + mgr.memory.staging
+    # transfers: every planned block sent once and received once
+    sent, recv = comm.allreduce(tot.sent_bytes), comm.allreduce(tot.recv_bytes)
+    assert sent == recv == int(layout.block_nbytes[plan.xfer_block].sum())
+    assert comm.allreduce(tot.recv_blocks) == plan.xfer_block.shape[0]
+    if policy == "solar-peer" and comm.size // L > 1:
+        assert plan.xfer_block.shape[0] > 0  # the case is not vacuous
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("split", ["spread", "leader"])
+def test_resume_mid_plan_reads_what_is_resident(comm, well, split):
+    layout, ref = well
+    L = 2 if comm.size % 2 == 0 else 1
+    cfg, plan = plan_for(comm, layout, L, "solar-peer", 0.25)
+    S = plan.steps_per_epoch
+    batches, tot, mgr = run_node(comm, layout, plan, cfg, start=S + 1, read_split=split)
+    mine = plan.rank(comm.rank)
+    check_batches(batches, ref, mine["samples"][mine["samples_ptr"][S + 1]:])
+    n = comm.rank // L
+    node = plan.node(n)
+    lp, ep = node["load_ptr"], node["evict_ptr"]
+    cnt = np.zeros(layout.n_blocks, np.int64)  # resident count per block when step S + 1 starts
+    np.add.at(cnt, node["load"][:lp[S + 1]], 1)
+    np.add.at(cnt, node["evict"][:ep[S + 1]], -1)
+    res = np.flatnonzero(cnt > 0)
+    ncomm = comm.Split(color=n, key=comm.rank)
+    assert ncomm.allreduce(mgr.warmup_bytes_read) == int(layout.block_stored[res].sum())
+    if split == "leader":
+        assert (mgr.warmup_bytes_read > 0) == (ncomm.rank == 0 and res.size > 0)
+    ncomm.Free()
+
+
+@pytest.mark.mpi
+def test_a_slow_rank_slows_its_node_and_breaks_nothing(comm, well):
+    layout, ref = well
+    L = 2 if comm.size % 2 == 0 else 1
+    cfg, plan = plan_for(comm, layout, L, "solar-peer", 0.25)
+    slow = 0.05 if comm.rank == comm.size - 1 else 0.0
+    batches, tot, _ = run_node(comm, layout, plan, cfg, slow=slow, prefetch=1)
+    check_batches(batches, ref, plan.rank(comm.rank)["samples"])
+
+
+def test_bad_arguments_are_refused_in_one_line(tmp_path):
+    d = Demand.synthetic(8, 1024)
+    cfg = PlanConfig(world_size=1, local_batch=2, epochs=1, buffer_bytes=4096)
+    plan, _ = plan_nodes(d, cfg, NodeMap(1, 1), "solar-node")
+    reader = PatternReader(d.block_nbytes, d.block_stored, 0)
+    args = (plan, 0, demand_dict(d), reader, lambda g, s, lk: s)
+    with pytest.raises(NodeBufferError, match="unknown read split 'rr'; valid: spread, leader"):
+        NodeBufferManager(*args, budget=4096, read_split="rr")
+    with pytest.raises(NodeBufferError, match=r"steps \[0, 9\) outside the plan's \[0, 4\)"):
+        NodeBufferManager(*args, budget=4096, stop=9)
+    with pytest.raises(NodeBufferError, match="rank must be an integer in \\[0, 1\\), got 1"):
+        NodeBufferManager(plan, 1, *args[2:], budget=4096)
+    reader.collective = True
+    with pytest.raises(NodeBufferError, match="reader 'pattern' is collective"):
+        NodeBufferManager(*args, budget=4096)
+    reader.collective = False
+    with pytest.raises(NodeBufferError, match="node 0 needs .* before staging: pool .*were made for"):
+        NodeBufferManager(*args, budget=64)
+    plan2, _ = plan_nodes(d, PlanConfig(world_size=2, local_batch=2, epochs=1, buffer_bytes=4096), NodeMap(2, 2),
+                          "solar-node")
+    with pytest.raises(NodeBufferError, match="a node plan of 2 ranks needs comm="):
+        NodeBufferManager(plan2, 0, *args[2:], budget=4096)
+
+
+def test_single_rank_without_mpi_runs_in_private_memory():
+    d = Demand.synthetic(12, 64, samples_per_block=2)
+    cfg = PlanConfig(world_size=1, local_batch=3, epochs=3, buffer_bytes=512)
+    plan, _ = plan_nodes(d, cfg, NodeMap(1, 1), "solar-node")
+    reader = PatternReader(d.block_nbytes, d.block_stored, 0)
+    with NodeBufferManager(plan, 0, demand_dict(d), reader, lambda g, s, lk: check_lookup(g, s, lk, d),
+                           budget=512) as mgr:
+        got = [mgr.get(g) for g in range(plan.n_steps)]
+        assert mgr.shm.win is None
+        with pytest.raises(NodeBufferError, match="steps must be taken in order: asked for 0, next is"):
+            mgr.get(0)
+    assert np.array_equal(np.concatenate(got), plan.rank(0)["samples"])
+    assert sorted(reader.blocks_read) == sorted(plan.load.tolist())
+    assert mgr.totals.misses == plan.load.shape[0]
+    assert mgr.totals.hits == int(plan.stats[:, 0, COL["hits"]].sum())
+
+
+# ---------------------------------------------------------------- failures, slow ranks: mpiexec -n 4
+LIMIT_S = 90
+
+
+@pytest.fixture(scope="module")
+def job_data(tmp_path_factory):
+    return make_dataset(tmp_path_factory.mktemp("nodejob"), "well", "chunked", samples=4, steps=12)
+
+
+def run_job(data, *args):
+    """tests/node_job.py under ``mpiexec -n 4``: (status, seconds, output); killed after LIMIT_S (status None)."""
+    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    cmd = [mpiexec, "-n", "4", sys.executable, os.path.join(HERE, "node_job.py"), data, *args]
+    t0 = time.monotonic()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = p.communicate(timeout=LIMIT_S)
+        return p.returncode, time.monotonic() - t0, out
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, _ = p.communicate()
+        return None, time.monotonic() - t0, out
+
+
+def job_lines(out: str, verb: str) -> dict:
+    """{rank: rest of its ``node_job: rank R <verb> ...`` line} (the ranks' lines may run together)."""
+    return {int(m.group(1)): m.group(2).strip()
+            for m in re.finditer(rf"node_job: rank (\d+) {verb} (.*?)(?=node_job: |\n|$)", out)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode,rank,cause", [
+    ("raise", 1, "RuntimeError: injected fault at step 3"),             # the training loop raises on node 0
+    ("read", 3, "injected fault: cannot decode chunk (0, 0)"),          # a read fails in node 1's prefetch thread
+])
+def test_a_failing_rank_ends_every_rank_with_an_error(job_data, mode, rank, cause):
+    status, secs, out = run_job(job_data, "--mode", mode, "--fail-rank", str(rank), "--linger", "4")
+    assert status is not None, f"the job still ran after {LIMIT_S} s:\n{out[-3000:]}"
+    said = job_lines(out, "raised")
+    assert sorted(said) == [0, 1, 2, 3], out[-3000:]  # every rank raised on its own
+    for r, line in said.items():  # the failed one its error, the others PeerFailed naming it
+        assert cause in line, line
+        if r != rank:
+            assert line.startswith(f"PeerFailed: rank {rank} (node {rank // 2}) failed"), line
+    assert not job_lines(out, "done")
+
+
+@pytest.mark.slow
+def test_a_rank_failing_after_its_last_step_leaves_no_rank_waiting_in_close(job_data):
+    """Rank 1 raises after taking the last step: the others may have finished and be closing (a collective
+    over the node): they give it up instead of waiting for a rank that will not come."""
+    status, secs, out = run_job(job_data, "--mode", "raise", "--fail-rank", "1", "--fail-step", "15", "--linger", "8")
+    assert status is not None, f"the job still ran after {LIMIT_S} s:\n{out[-3000:]}"
+    raised, done = job_lines(out, "raised"), job_lines(out, "done")
+    assert raised.get(1) == "RuntimeError: injected fault at step 15", out[-3000:]
+    assert sorted([*raised, *done]) == [0, 1, 2, 3], out[-3000:]
+    assert all(line.startswith("PeerFailed: rank 1 (node 0)") for r, line in raised.items() if r != 1)
+
+
+@pytest.mark.slow
+def test_a_failing_rank_aborts_a_ddp_like_job(job_data):
+    status, secs, out = run_job(job_data, "--mode", "raise", "--abort", "--policy", "solar-node", "--fraction", "0.5")
+    assert status is not None and status != 0 and secs < LIMIT_S, out[-3000:]
+    assert "node_job: error on rank 1: RuntimeError: injected fault at step 3" in out
+    assert not job_lines(out, "done")
+
+
+@pytest.mark.slow
+def test_a_slow_rank_does_not_break_the_job(job_data):
+    status, secs, out = run_job(job_data, "--slow-rank", "2", "--slow-s", "0.1")
+    assert status == 0, out[-3000:]
+    done = job_lines(out, "done")
+    assert sorted(done) == [0, 1, 2, 3] and all(x.split()[0] == "16" for x in done.values()), out[-3000:]
+    assert PeerFailed.__name__ not in out
