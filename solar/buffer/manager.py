@@ -87,7 +87,48 @@ class BufferTotals:
             self.per_step.append(s)
 
 
-class BufferManager:
+class StepQueue:
+    """The consumer half shared by the buffer managers: assembled steps handed out in order.
+
+    The subclass's prefetch thread fills ``_ready``/``_stats`` under ``_cv``; ``get`` waits for
+    the next step (the wait is its stall time), ``release`` lifts the epoch fence.  ``_error_cls``
+    is the exception class ``get`` raises once the manager is closed.
+    """
+
+    _error_cls = SolarError
+    _what = "buffer"
+
+    def get(self, g: int):
+        """The assembled step ``g`` (waits for it; the wait is the step's stall time)."""
+        if g != self._next_get:
+            raise self._error_cls(f"steps must be taken in order: asked for {g}, next is {self._next_get}")
+        t0 = time.perf_counter()
+        with self._cv:
+            while g not in self._ready and self._error is None and not self._closed:
+                self._cv.wait(0.5)
+            if self._error is not None:
+                raise self._error
+            if self._closed:
+                raise self._error_cls(f"{self._what} is closed")
+            out = self._ready.pop(g)
+            st = self._stats.pop(g)
+            self._next_get = g + 1
+            self._cv.notify_all()
+        st.stall_s = time.perf_counter() - t0
+        self.totals.add(st)
+        return out
+
+    def release(self, g: int):
+        """Let the prefetch thread go past the fence at step ``g``."""
+        with self._cv:
+            self._released = max(self._released, g)
+            self._cv.notify_all()
+
+    def _fenced(self, g: int) -> bool:
+        return bool(self.fence) and g % self.fence == 0 and g > self._released
+
+
+class BufferManager(StepQueue):
     """Executes rank ``rank_plan.rank``'s plan from global step ``start`` to ``stop``.
 
     ``rank_plan``: a :class:`~solar.schedule.RankPlan`; ``demand``: the schedule's
@@ -104,6 +145,8 @@ class BufferManager:
     """
 
     KEEP_STEP_STATS = 1024  # ~376 B each
+    _error_cls = BufferError
+    _what = "buffer manager"
 
     def __init__(self, rank_plan, demand: Dict[str, np.ndarray], reader, assemble: Callable[..., Any], *,
                  budget: int, prefetch: int = DEFAULT_PREFETCH, start: int = 0, stop: Optional[int] = None,
@@ -144,36 +187,7 @@ class BufferManager:
         self._thread = threading.Thread(target=self._run, name=f"solar-prefetch-r{rank_plan.rank}", daemon=True)
         self._thread.start()
 
-    # --------------------------------------------------------------- consumer
-    def get(self, g: int):
-        """The assembled step ``g`` (waits for it; the wait is the step's stall time)."""
-        if g != self._next_get:
-            raise BufferError(f"steps must be taken in order: asked for {g}, next is {self._next_get}")
-        t0 = time.perf_counter()
-        with self._cv:
-            while g not in self._ready and self._error is None and not self._closed:
-                self._cv.wait(0.5)
-            if self._error is not None:
-                raise self._error
-            if self._closed:
-                raise BufferError("buffer manager is closed")
-            out = self._ready.pop(g)
-            st = self._stats.pop(g)
-            self._next_get = g + 1
-            self._cv.notify_all()
-        st.stall_s = time.perf_counter() - t0
-        self.totals.add(st)
-        return out
-
-    def release(self, g: int):
-        """Let the prefetch thread go past the fence at step ``g``."""
-        with self._cv:
-            self._released = max(self._released, g)
-            self._cv.notify_all()
-
-    def _fenced(self, g: int) -> bool:
-        return bool(self.fence) and g % self.fence == 0 and g > self._released
-
+    # --------------------------------------------------------------- consumer: StepQueue
     def close(self):
         with self._cv:
             self._closed = True

@@ -46,7 +46,7 @@ from typing import Any, Callable, Deque, Dict, List, Optional
 import numpy as np
 
 from ..errors import SolarError
-from .manager import BufferTotals, StepBlocks, StepStats, _Closed
+from .manager import BufferTotals, StepBlocks, StepQueue, StepStats, _Closed
 from .node_pools import (DONE, FAILED, CLOSED, FLAG, READ, RECV, NodeBufferError, SharedPools, assign_slots,
                          get_read_split, node_comm, node_memory, staging_lists)
 from .sizing import DEFAULT_PREFETCH, bookkeeping_bytes, size_classes
@@ -113,7 +113,7 @@ class _Booked:
     t0: float
 
 
-class NodeBufferManager:
+class NodeBufferManager(StepQueue):
     """Executes rank ``rank``'s part of ``node_plan`` from global step ``start`` to ``stop``, its node's
     pool shared with the node's other ranks.  Same consumer interface as
     :class:`~solar.buffer.BufferManager`: :meth:`get` (steps in order), :meth:`release`,
@@ -132,6 +132,9 @@ class NodeBufferManager:
     run; a failed rank is noticed either way).  Collective over ``comm``; every rank passes the
     same plan, ``start`` and ``stop``.
     """
+
+    _error_cls = NodeBufferError
+    _what = "node buffer manager"
 
     KEEP_STEP_STATS = 1024
 
@@ -262,33 +265,7 @@ class NodeBufferManager:
                                self.memory.window, init=self.start - 1)
         self.pools = self.shm.pools
 
-    # ------------------------------------------------------------------ consumer
-    def get(self, g: int):
-        """The assembled step ``g`` (waits for it; the wait is the step's stall time)."""
-        if g != self._next_get:
-            raise NodeBufferError(f"steps must be taken in order: asked for {g}, next is {self._next_get}")
-        t0 = time.perf_counter()
-        with self._cv:
-            while g not in self._ready and self._error is None and not self._closed:
-                self._cv.wait(0.5)
-            if self._error is not None:
-                raise self._error
-            if self._closed:
-                raise NodeBufferError("node buffer manager is closed")
-            out = self._ready.pop(g)
-            st = self._stats.pop(g)
-            self._next_get = g + 1
-            self._cv.notify_all()
-        st.stall_s = time.perf_counter() - t0
-        self.totals.add(st)
-        return out
-
-    def release(self, g: int):
-        """Let the prefetch thread go past the fence at step ``g``."""
-        with self._cv:
-            self._released = max(self._released, g)
-            self._cv.notify_all()
-
+    # ------------------------------------------------------------------ consumer: StepQueue (get, release)
     def fail(self, exc: BaseException):
         """Tell the other ranks that this one failed (``exc``: why), so that none waits for it (a no-op
         for the failure of another rank, which they know of)."""
@@ -516,8 +493,6 @@ class NodeBufferManager:
                     self._cv.wait(wait)
             wait = min(POLL_MAX_S, wait * 2)
 
-    def _fenced(self, g: int) -> bool:
-        return bool(self.fence) and g % self.fence == 0 and g > self._released
 
     def _check_stuck(self, booked, g_book, reads, dones, pub_read, idle_s) -> bool:
         """While nothing moves: a closed rank this one waits for, or ``timeout`` spent waiting for the
