@@ -181,7 +181,12 @@ class SolarSource:
 
     def __init__(self, plan_path: str, data: str, rank: int, pin_memory: bool):
         from solar.loader import SolarLoader
-        self.loader = SolarLoader(plan_path, data, rank=rank, pin_memory=pin_memory)
+        from solar.schedule import Schedule
+        schedule, comm = Schedule.load(plan_path), None
+        if schedule.nodes is not None:  # a node plan (solar plan --ranks-per-node): the node's ranks share a buffer
+            from mpi4py import MPI
+            comm = MPI.COMM_WORLD
+        self.loader = SolarLoader(schedule, data, comm=comm, rank=rank, pin_memory=pin_memory)
         self.steps_per_epoch = len(self.loader)
         self.epochs = self.loader.epochs
         self.local_batch = self.loader.schedule.local_batch
@@ -300,6 +305,8 @@ def parse_args(task: Task, doc: str, argv=None):
     p.add_argument("--loader", choices=("solar", "baseline"), default="solar")
     p.add_argument("--plan", help="schedule file (solar); planned on rank 0 when missing")
     p.add_argument("--replan", action="store_true", help="plan again even if the schedule file exists")
+    p.add_argument("--ranks-per-node", type=int, help="when planning: node-shared buffers, this many ranks per node "
+                                                      "(solar plan --ranks-per-node; runs with mpiexec/srun)")
     p.add_argument("--buffer-fraction", type=float, default=0.5, help="aggregate buffer / dataset, when planning")
     p.add_argument("--epochs", type=int, help="epochs to train (default: the plan's, or 5)")
     p.add_argument("--local-batch", type=int, help="samples per rank per step (default: the plan's, or 32)")
@@ -355,7 +362,7 @@ def ensure_plan(args, g: Group) -> str:
         if reason is None:
             try:
                 with solar.Schedule.load(path, layout=layout, world_size=g.size) as s:
-                    reason = _misfit(s.config, args)
+                    reason = _misfit(s.config, args, s.nodes)
             except SolarError as exc:
                 reason = str(exc)
             if reason and explicit:
@@ -364,16 +371,20 @@ def ensure_plan(args, g: Group) -> str:
             t = time.perf_counter()
             print(f"planning {path} ({reason}) ...", flush=True)
             solar.plan(args.data, world_size=g.size, local_batch=args.local_batch or 32, epochs=args.epochs or 5,
-                       buffer_fraction=args.buffer_fraction, seed=args.seed, out=path).close()
+                       buffer_fraction=args.buffer_fraction, seed=args.seed, out=path,
+                       ranks_per_node=args.ranks_per_node).close()
             print(f"planned in {time.perf_counter() - t:.1f} s", flush=True)
         return path
 
     return on_root(g, work)
 
 
-def _misfit(c, args) -> Optional[str]:
-    """Why a schedule's config does not fit the job (None: it fits)."""
+def _misfit(c, args, nodes=None) -> Optional[str]:
+    """Why a schedule's config (and node map) does not fit the job (None: it fits)."""
     wrong = []
+    L = nodes.ranks_per_node if nodes is not None else None
+    if getattr(args, "ranks_per_node", None) != L:
+        wrong.append(f"{L or 'no'} ranks per node (job: {getattr(args, 'ranks_per_node', None) or 'none'})")
     if args.local_batch is not None and c.local_batch != args.local_batch:
         wrong.append(f"local batch {c.local_batch} (job: {args.local_batch})")
     if c.seed != args.seed:

@@ -265,8 +265,9 @@ def _wait_all(comm):
         comm.Barrier()
 
 
-def _verify(layout, picked: list) -> int:
-    """Compare delivered samples with fresh h5py reads; raises SolarError on the first difference."""
+def _verify(layout, picked: list, who: str = "baseline") -> int:
+    """Compare delivered samples (``(id, {field: tensor})``) with fresh h5py reads; raises SolarError on
+    the first difference."""
     for sample, got in picked:
         for field, d, sel in layout.sample_fields(sample):
             info = layout.datasets[d]
@@ -274,7 +275,7 @@ def _verify(layout, picked: list) -> int:
                 ref = _native(f[info.name][sel])
             arr = got[field].numpy()
             if arr.shape != ref.shape or arr.dtype != ref.dtype or not np.array_equal(arr, ref, equal_nan=True):
-                raise SolarError(f"baseline delivered wrong data for sample {sample}, field {field!r} "
+                raise SolarError(f"{who} delivered wrong data for sample {sample}, field {field!r} "
                                  f"(got {arr.dtype}{list(arr.shape)}, h5py reads {ref.dtype}{list(ref.shape)})")
     return len(picked)
 

@@ -10,6 +10,8 @@ import os
 import time
 from typing import Optional
 
+import numpy as np
+
 from ..buffer.sizing import DEFAULT_PREFETCH
 
 #: Seconds after which a baseline's epoch is stopped and its rate taken over what it delivered.
@@ -34,10 +36,13 @@ def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float
     from ..loader import SolarLoader
     from ..mpi import sleep_barrier
     from .cache import largest_left
+    from .baseline import _verify
     rss0 = rss_bytes()
     loader = SolarLoader(schedule_path, layout, comm=comm, reader=reader, threads=threads, prefetch=prefetch,
                          as_torch=True, epoch_fence=True, abort_on_error=abort_on_error)
     out = {"reader": loader.reader_name, "epochs": []}
+    nodes = loader.nodes is not None  # a node plan: transfers between nodes are counted too
+    predicted = loader.schedule.predicted()
     peak_rss = rss0
     try:
         prev = {}
@@ -49,10 +54,15 @@ def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float
             if progress and comm.rank == 0:
                 from tqdm import tqdm
                 bar = tqdm(total=len(loader), desc=f"solar epoch {e}", unit="batch", leave=False)
+            check = set(np.linspace(0, len(loader) - 1, VERIFY).round().astype(int).tolist())  # steps checked
+            picked = []  # (sample id, {field: tensor}): the first sample of each checked step, checked after
             t0 = time.perf_counter()
             samples = 0
-            for batch in loader:
+            for i, batch in enumerate(loader):
                 samples += int(batch["index"].shape[0])
+                if i in check and len(batch["index"]):
+                    picked.append((int(batch["index"][0]), {k: v[0].clone() for k, v in batch.items()
+                                                            if k not in ("index", "weight")}))
                 if step_time:
                     time.sleep(step_time)
                 if bar is not None:
@@ -61,12 +71,15 @@ def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float
             if bar is not None:
                 bar.close()
             peak_rss = max(peak_rss, rss_bytes())
+            verified = _verify(layout, picked, who="solar")  # after the timer; a difference ends the job
+            planned = predicted["storage_bytes"][e]  # stored bytes of the blocks the plan loads in epoch e
             st = loader.stats()
             d = {k: st[k] - prev.get(k, 0) for k in st}
             prev = st
             per_rank = comm.allgather((secs, samples, d["stall_s"], d["bytes_read"], d["bytes_loaded"], d["hits"],
                                        d["misses"], d["plan_violations"], d["read_s"], left, d.get("opens", 0),
-                                       d.get("evictions", 0)))
+                                       d.get("evictions", 0), verified, d.get("sent_bytes", 0),
+                                       d.get("recv_bytes", 0), d.get("sent_blocks", 0), d["stored_bytes"]))
             seconds = max(x[0] for x in per_rank)
             total = sum(x[1] for x in per_rank)
             read = sum(x[3] for x in per_rank)
@@ -77,13 +90,23 @@ def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float
                 decoded_bytes_loaded=sum(x[4] for x in per_rank), block_hits=sum(x[5] for x in per_rank),
                 block_misses=sum(x[6] for x in per_rank), plan_violations=sum(x[7] for x in per_rank),
                 page_cache_left=largest_left(x[9] for x in per_rank), file_opens=sum(x[10] for x in per_rank),
-                file_evictions=sum(x[11] for x in per_rank)))
+                file_evictions=sum(x[11] for x in per_rank), verified=sum(x[12] for x in per_rank),
+                block_storage_bytes=sum(x[16] for x in per_rank), predicted_storage_bytes=int(planned),
+                storage_vs_plan=read / planned if planned else None,
+                blocks_vs_plan=sum(x[16] for x in per_rank) / planned if planned else None))
+            if nodes:  # decoded bytes moved between nodes, as run and as planned
+                out["epochs"][-1].update(peer_bytes_sent=sum(x[13] for x in per_rank),
+                                         peer_bytes_received=sum(x[14] for x in per_rank),
+                                         peer_blocks_sent=sum(x[15] for x in per_rank),
+                                         predicted_peer_bytes=int(predicted["peer_bytes"][e]))
         out["pool_bytes_per_rank"] = comm.allreduce(loader.buffer.pools.capacity_bytes if loader.buffer else 0,
                                                     op=_max())
         out["buffer_budget_per_rank"] = loader.schedule.buffer_bytes  # the planner's residency budget
-        # the memory the plan needs, of the rank that needs most (solar.buffer.sizing), next to the RSS growth
+        # the memory the plan needs, of the rank (node) that needs most (solar.buffer.sizing), next to the RSS growth
         needs = comm.allgather(loader.memory.to_dict())
-        out["memory_need_per_rank"] = max(needs, key=lambda m: m["total"])
+        out["memory_need_per_node" if nodes else "memory_need_per_rank"] = max(needs, key=lambda m: m["total"])
+        if nodes:
+            out["policy"], out["ranks_per_node"] = loader.schedule.policy, loader.nodes.ranks_per_node
         out["rss_growth_bytes_max_rank"] = comm.allreduce(peak_rss - rss0, op=_max())
     finally:
         loader.close()
@@ -194,7 +217,8 @@ def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fra
           num_workers: int = 2, reader: Optional[str] = None, threads: int = 16, prefetch: int = DEFAULT_PREFETCH,
           schedule: Optional[str] = None, loaders=("solar", "baseline"), baselines=None, equal_memory: bool = False,
           memory_allowance: Optional[int] = None, disk_depth: int = 16, progress: bool = False,
-          abort_on_error: bool = True, baseline_time_limit: Optional[float] = BASELINE_TIME_LIMIT) -> dict:
+          abort_on_error: bool = True, baseline_time_limit: Optional[float] = BASELINE_TIME_LIMIT,
+          ranks_per_node: Optional[int] = None, policy: Optional[str] = None, peer_cost=None) -> dict:
     """Run the comparison; returns the report (the same on every rank).
 
     ``loaders``: ``"solar"`` and/or ``"baseline"`` (every baseline in ``baselines``,
@@ -206,6 +230,11 @@ def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fra
     each worker checks that it is inside (a forkserver this process started earlier would not be).
     ``disk_depth``: random reads in flight for the disk's limit.
     ``abort_on_error=False``: SolarLoader leaves an error on one rank to the caller (no MPI abort).
+    ``ranks_per_node``/``policy``/``peer_cost``: solar runs a node plan (:func:`solar.plan`'s arguments;
+    a test topology may put several planned nodes on one machine); its epochs then report the peer
+    bytes moved next to the plan's.  Every solar epoch checks :data:`VERIFY` delivered samples per rank
+    against h5py after its timer, and reports its storage bytes against the plan's
+    (``storage_vs_plan``).
     """
     from ..errors import SolarError
     from ..layout import load_layout
@@ -229,11 +258,13 @@ def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fra
     # sleep; every rank then takes the layout from the schedule (no rank but 0 reads HDF5 metadata)
     def make_plan():
         lay = load_layout(spec, progress=progress)
+        tag = "" if ranks_per_node is None and policy is None else f"-{policy or 'solar-peer'}-L{ranks_per_node or 1}"
         path = schedule or os.path.join(os.path.dirname(os.path.abspath(lay.files[0])),
-                                        f".solar-bench-P{P}-b{local_batch}-E{epochs}.h5")
+                                        f".solar-bench-P{P}-b{local_batch}-E{epochs}{tag}.h5")
         t0 = time.perf_counter()
         plan(lay, world_size=P, local_batch=local_batch, epochs=epochs, buffer_fraction=buffer_fraction,
-             buffer_per_rank=buffer_per_rank, seed=seed, out=path, progress=progress).close()
+             buffer_per_rank=buffer_per_rank, seed=seed, out=path, progress=progress, policy=policy,
+             ranks_per_node=ranks_per_node, peer_cost=peer_cost).close()
         return path, time.perf_counter() - t0
     schedule, plan_s = root_call(comm, make_plan)
     from ..schedule import Schedule
@@ -251,9 +282,13 @@ def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fra
     node = _node_comm(comm)
     cg = back = None
     try:
-        from ..buffer.sizing import schedule_memory
+        from ..buffer.sizing import schedule_memory, schedule_node_memory
         with Schedule.load(schedule) as sch:  # the memory solar may use per rank: what the baselines get too
-            budget = int(schedule_memory(sch, comm.rank, layout, prefetch=prefetch).limit)
+            if sch.nodes is None:
+                budget = int(schedule_memory(sch, comm.rank, layout, prefetch=prefetch).limit)
+            else:  # a node plan: the node's limit shared by its ranks
+                L = sch.nodes.ranks_per_node
+                budget = int(schedule_node_memory(sch, comm.rank // L, layout, prefetch=prefetch).limit) // L
         if equal_memory:
             cg, back = _enter_cgroup(comm, _limit(node, budget, allowance), node)
             report["memory_limit_bytes"] = cg.limit_bytes
@@ -386,6 +421,9 @@ def format_report(r: dict) -> str:
         lines.append(f"solar: reader {s['reader']}, buffer {human_bytes(s['buffer_budget_per_rank'])} per rank "
                      f"(pools {human_bytes(s['pool_bytes_per_rank'])}), RSS growth {human_bytes(s['rss_growth_bytes_max_rank'])}"
                      f" on the largest rank")
+        if "ranks_per_node" in s:
+            lines.append(f"solar node plan: {s['policy']}, {s['ranks_per_node']} ranks per node sharing one buffer; "
+                         f"node memory {human_bytes(s['memory_need_per_node']['total'])} on the largest node")
         if "memory_need_per_rank" in s:
             from ..buffer.sizing import MemoryNeed, format_memory
             m = s["memory_need_per_rank"]
@@ -420,6 +458,17 @@ def format_report(r: dict) -> str:
             + (f"  {'%.2f' % s['physical_limit_ratio'] if s.get('physical_limit_ratio') is not None else '-':>11}"
                if dec else "")
             + f"  {s.get('stall_max_s', float('nan')):7.2f}  {human_bytes(s.get('storage_bytes', 0)):>10}")
+    if "solar" in r:
+        eps = r["solar"]["epochs"]
+        lines.append("solar storage bytes read / planned per epoch: "
+                     + ", ".join(f"{ep['storage_vs_plan']:.3f}" if ep.get("storage_vs_plan") else "-" for ep in eps)
+                     + " (blocks loaded, without the gaps reads coalesce: "
+                     + ", ".join(f"{ep['blocks_vs_plan']:.3f}" if ep.get("blocks_vs_plan") else "-" for ep in eps)
+                     + f"); {sum(ep.get('verified', 0) for ep in eps)} delivered samples equal to h5py's")
+        if "ranks_per_node" in r["solar"]:
+            lines.append("solar bytes sent between nodes per epoch (as run / planned): "
+                         + ", ".join(f"{human_bytes(ep['peer_bytes_sent'])} / {human_bytes(ep['predicted_peer_bytes'])}"
+                                     for ep in eps))
     if any(ep.get("partial") for k in ran for ep in r["baselines"][k]["epochs"]):
         lines.append("* stopped after the baseline time limit: rate over the samples delivered until then")
     return "\n".join(lines)

@@ -48,6 +48,7 @@ class StepStats:
     misses: int = 0              # blocks loaded for this step
     bytes_loaded: int = 0        # decoded bytes loaded
     bytes_read: int = 0          # storage bytes read (coalescing gaps included)
+    stored_bytes: int = 0        # stored bytes of the blocks loaded (what the plan counts: no gaps)
     n_reads: int = 0
     read_s: float = 0.0
     assemble_s: float = 0.0
@@ -71,6 +72,7 @@ class BufferTotals:
     misses: int = 0
     bytes_loaded: int = 0
     bytes_read: int = 0
+    stored_bytes: int = 0
     n_reads: int = 0
     read_s: float = 0.0
     assemble_s: float = 0.0
@@ -80,8 +82,8 @@ class BufferTotals:
 
     def add(self, s: StepStats):
         self.steps += 1
-        for k in ("samples", "hits", "hit_bytes", "misses", "bytes_loaded", "bytes_read", "n_reads", "read_s", "assemble_s",
-                  "stall_s", "plan_violations"):
+        for k in ("samples", "hits", "hit_bytes", "misses", "bytes_loaded", "bytes_read", "stored_bytes", "n_reads",
+                  "read_s", "assemble_s", "stall_s", "plan_violations"):
             setattr(self, k, getattr(self, k) + getattr(s, k))
         if self.per_step.maxlen != 0:
             self.per_step.append(s)
@@ -158,6 +160,7 @@ class BufferManager(StepQueue):
         self.sample_ptr = np.asarray(demand["sample_ptr"], dtype=np.int64)
         self.sample_blocks = np.asarray(demand["sample_blocks"], dtype=np.int64)
         self.block_nbytes = np.asarray(demand["block_nbytes"], dtype=np.int64)
+        self.block_stored = np.asarray(demand.get("block_stored", demand["block_nbytes"]), dtype=np.int64)
         if isinstance(keep_step_stats, bool) or not isinstance(keep_step_stats, int) or keep_step_stats < 0:
             raise BufferError(f"keep_step_stats must be an integer >= 0 (steps), got {keep_step_stats!r}")
         self.prefetch, self.verify = int(prefetch), verify
@@ -322,6 +325,7 @@ class BufferManager(StepQueue):
                     raise
                 self._finish_oldest(inflight)
         st.misses, st.bytes_loaded = int(load.shape[0]), int(self.block_nbytes[load].sum())
+        st.stored_bytes = int(self.block_stored[load].sum())
         samples = np.asarray(sp.samples, dtype=np.int64)
         # where each block of this step lives now (a later step may move it; the old slot stays held)
         need = self._step_blocks(samples) if samples.size else np.unique(load)

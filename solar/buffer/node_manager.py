@@ -30,10 +30,10 @@ of n assembles its samples from n's pool and staging area.  At run time:
   learns of it raises :class:`NodeBufferError` naming the failed rank at its next :meth:`get`.
   Under the loader's abort hooks (:mod:`solar.mpi`) the first error ends the job.
 
-Construction and :meth:`close` are collective over ``comm``.  Not done here: collective readers
-(``mpiio`` with ``collective=True``) are refused; the loader still builds per-rank
-:class:`~solar.buffer.BufferManager` only (a node plan is passed in memory, the schedule file
-does not hold one).
+Construction and :meth:`close` are collective over ``comm``.  Collective readers (``mpiio`` with
+``collective=True``) are refused.  ``node_plan``: a :class:`~solar.scheduler.node_plan.NodePlan` in
+memory, or a :class:`~solar.schedule.schedule.NodeRankPlan` read from a schedule file (format
+version 6, what :class:`~solar.loader.SolarLoader` passes).
 """
 from __future__ import annotations
 
@@ -48,8 +48,8 @@ import numpy as np
 from ..errors import SolarError
 from .manager import BufferTotals, StepBlocks, StepQueue, StepStats, _Closed
 from .node_pools import (DONE, FAILED, CLOSED, FLAG, READ, RECV, NodeBufferError, SharedPools, assign_slots,
-                         get_read_split, node_comm, node_memory, staging_lists)
-from .sizing import DEFAULT_PREFETCH, bookkeeping_bytes, size_classes
+                         check_node_memory, get_read_split, node_comm, plan_node_memory)
+from .sizing import DEFAULT_PREFETCH
 
 TAG_MOD = 32000      # transfer tags: step % TAG_MOD (MPI guarantees tags up to 32767)
 TAG_ERR = 32001      # "a rank failed" (payload: its one-line message)
@@ -194,7 +194,7 @@ class NodeBufferManager(StepQueue):
         self.block_nbytes = np.asarray(demand["block_nbytes"], np.int64)
         self.block_stored = np.asarray(demand.get("block_stored", demand["block_nbytes"]), np.int64)
         B = self.block_nbytes.shape[0]
-        self.transfers = int(plan.xfer_block.shape[0]) > 0
+        self.transfers = plan.n_transfers > 0
         if self.transfers:
             from mpi4py import MPI
             if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
@@ -204,23 +204,12 @@ class NodeBufferManager(StepQueue):
         self.lists = plan.node(self.node)
         mine = plan.rank(self.rank)
         self.samples, self.samples_ptr = np.asarray(mine["samples"], np.int64), mine["samples_ptr"]
-        self.class_of, class_bytes = size_classes(self.block_nbytes)
+        self.memory, slots2, self.class_of, class_bytes, main, self.stg = plan_node_memory(
+            self.lists, self.block_nbytes, self.sample_ptr.shape[0] - 1, self.sample_blocks.shape[0], L=L,
+            budget=self.budget, batch=int(batch_bytes), prefetch=self.prefetch, io_depth=self.io_depth)
         C = class_bytes.shape[0]
         self.C = C
-        lst = self.lists
-        main = (lst["load"], lst["load_ptr"], lst["evict"], lst["evict_ptr"])
-        self.stg = staging_lists(lst["stage"], lst["stage_ptr"], lst["recv"], lst["recv_ptr"])
-        keep = bookkeeping_bytes(self.sample_ptr.shape[0] - 1, B, self.sample_blocks.shape[0]) + 8 * B
-        self.memory, slots2 = node_memory(self.class_of, class_bytes, main, self.stg, L=L, budget=self.budget,
-                                          batch=int(batch_bytes), bookkeeping=keep, prefetch=self.prefetch,
-                                          io_depth=self.io_depth)
-        if not self.memory.fits:
-            from ..layout.summary import human_bytes as hb
-            m = self.memory
-            raise NodeBufferError(
-                f"node {self.node} needs {hb(m.resident + m.batches + m.bookkeeping)} before staging: pool "
-                f"{hb(m.resident)}, batches {hb(m.batches)}, bookkeeping {hb(m.bookkeeping)}; its {L} ranks' plans "
-                f"were made for {hb(m.limit)}: re-plan with a smaller budget per rank or lower prefetch")
+        check_node_memory(self.memory, self.node, L)
         self.class_bytes2 = np.concatenate([class_bytes, class_bytes]).astype(np.int64)  # (2C,) pool, staging
         self.slots2 = slots2
         self.load_slot, after_main = assign_slots(self.class_of, slots2[:C], *main)
@@ -251,12 +240,11 @@ class NodeBufferManager(StepQueue):
         window, the transfer communicator."""
         comm = self.comm
         if comm is not None and comm.Get_size() > 1:
-            key = (self.start, self.stop, self.plan.n_steps, int(self.plan.load.shape[0]),
-                   int(self.plan.xfer_block.shape[0]), self.read_split)
+            key = (self.start, self.stop, self.plan.identity(), self.read_split)
             keys = comm.allgather(key)
             if any(k != keys[0] for k in keys):
                 bad = next(r for r, k in enumerate(keys) if k != keys[0])
-                raise NodeBufferError(f"rank {bad} runs (start, stop, steps, loads, transfers, read split) = "
+                raise NodeBufferError(f"rank {bad} runs (start, stop, plan, read split) = "
                                       f"{keys[bad]}, rank 0 {keys[0]}: every rank must pass the same plan and range")
             self.ncomm = node_comm(comm, self.node)
             if self.transfers:
@@ -564,6 +552,7 @@ class NodeBufferManager(StepQueue):
         ptr = self.split(self.block_stored[r_blocks[order]], self.L)
         mine = order[int(ptr[self.local]):int(ptr[self.local + 1])]
         st.misses, st.bytes_loaded = int(mine.shape[0]), int(self.block_nbytes[r_blocks[mine]].sum())
+        st.stored_bytes = int(self.block_stored[r_blocks[mine]].sum())
         st.staged = int(np.count_nonzero(is_stage[mine]))
         t0 = time.perf_counter()
         fut = None

@@ -265,6 +265,33 @@ def node_memory(class_of: np.ndarray, class_bytes: np.ndarray, main: tuple, stag
     return NodeMemory(resident, stage, ahead, batches, keep, limit, window), slots
 
 
+def plan_node_memory(lists: Dict[str, np.ndarray], block_nbytes: np.ndarray, n_samples: int, nnz: int, *, L: int,
+                     budget: int, batch: int, prefetch: int, io_depth: int):
+    """What a node running its plan needs: ``(NodeMemory, slots int64[2C], class_of int[B], class_bytes
+    int64[C], main, staging)`` for the node's ``lists`` (:meth:`~solar.scheduler.node_plan.NodePlan.node`),
+    ``main``/``staging`` the pool's and the staging area's ``(load, load_ptr, evict, evict_ptr)``."""
+    from .sizing import bookkeeping_bytes, size_classes
+    B = int(np.shape(block_nbytes)[0])
+    class_of, class_bytes = size_classes(np.asarray(block_nbytes, np.int64))
+    main = (lists["load"], lists["load_ptr"], lists["evict"], lists["evict_ptr"])
+    stg = staging_lists(lists["stage"], lists["stage_ptr"], lists["recv"], lists["recv_ptr"])
+    keep = bookkeeping_bytes(int(n_samples), B, int(nnz)) + 8 * B
+    mem, slots = node_memory(class_of, class_bytes, main, stg, L=L, budget=budget, batch=batch, bookkeeping=keep,
+                             prefetch=prefetch, io_depth=io_depth)
+    return mem, slots, class_of, class_bytes, main, stg
+
+
+def check_node_memory(m: NodeMemory, node: int, L: int) -> None:
+    """NodeBufferError when what the planner reserves (pool, batches, bookkeeping) is over the node's limit."""
+    if m.fits:
+        return
+    from ..layout.summary import human_bytes as hb
+    raise NodeBufferError(
+        f"node {node} needs {hb(m.resident + m.batches + m.bookkeeping)} before staging: pool {hb(m.resident)}, "
+        f"batches {hb(m.batches)}, bookkeeping {hb(m.bookkeeping)}; its {L} ranks' plans were made for "
+        f"{hb(m.limit)}: re-plan with a smaller budget per rank or lower prefetch")
+
+
 # ---------------------------------------------------------------- the window
 def node_comm(comm, node: int):
     """The communicator of this rank's node (``comm.Split(color=node)``, ranks in ``comm`` order);

@@ -8,6 +8,8 @@ import sys
 
 from ..buffer.sizing import DEFAULT_PREFETCH
 from ..scheduler.config import parse_bytes
+from ..scheduler.policies import NODE_POLICIES
+from .argtypes import byte_size, positive_int
 
 EPILOG = """\
 Run under MPI, one process per training rank:
@@ -26,6 +28,13 @@ limited to the node's solar buffers + --memory-allowance (page cache counted).
 The JSON has per-epoch samples/s of every loader, "speedup" (solar / torch), "speedup_vs_best"
 and "best_baseline" (the fastest baseline each epoch) and "limit_ratio" (solar's storage
 bytes at the disk's random-read bandwidth / solar's epoch time).
+--ranks-per-node L runs solar on a node plan (the ranks of a node share one buffer; --policy
+solar-peer, the default then, also sends blocks between nodes): a test topology may put several
+planned nodes on one machine, e.g.
+  mpiexec -n 4 solar bench data/well --ranks-per-node 2 -b 4 --only solar --json
+and each epoch reports the bytes sent between nodes next to the plan's.  Every solar epoch checks
+a few delivered samples per rank against h5py (after its timer) and reports its storage bytes
+against the plan's ("storage_vs_plan").
 An error on one rank prints "solar bench: error on rank R: ..." and aborts every rank
 (MPI_Abort), so no rank waits in a collective forever; --no-abort-on-error turns that off.
 """
@@ -65,6 +74,14 @@ def add_parser(sub):
                    help="with --equal-memory: bytes per node on top of solar's buffers (default 1 GiB)")
     p.add_argument("--disk-depth", type=int, default=16, help="random reads in flight for the disk's limit")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--ranks-per-node", type=positive_int,
+                   help="solar runs a node plan: ranks sharing one node's buffer (must divide the ranks)")
+    p.add_argument("--policy", choices=list(NODE_POLICIES),
+                   help="with --ranks-per-node: the node policy (default solar-peer)")
+    p.add_argument("--network-bandwidth", type=byte_size, metavar="BYTES/S",
+                   help="with --ranks-per-node: bytes/s between nodes in the plan's cost model")
+    p.add_argument("--storage-bandwidth", type=byte_size, metavar="BYTES/S",
+                   help="with --ranks-per-node: bytes/s of storage reads in the plan's cost model")
     p.add_argument("--no-abort-on-error", dest="abort_on_error", action="store_false",
                    help="do not MPI_Abort every rank when one fails (the default does, so none waits forever)")
     p.set_defaults(run=run)
@@ -91,7 +108,14 @@ def run(args) -> int:
                          "pip install 'solar-hdf5[mpi]'") from None
 
     from ..bench.compare import bench, format_report
+    from ..errors import SpecError
     from ..mpi import abort_on_error
+    from ..scheduler.nodes import DEFAULT_NETWORK_BPS, DEFAULT_STORAGE_BPS, PeerCost
+    if args.ranks_per_node is None and (args.policy or args.network_bandwidth or args.storage_bandwidth):
+        raise SpecError("--policy, --network-bandwidth and --storage-bandwidth need --ranks-per-node (a node plan)")
+    cost = None
+    if args.network_bandwidth or args.storage_bandwidth:
+        cost = PeerCost(args.network_bandwidth or DEFAULT_NETWORK_BPS, args.storage_bandwidth or DEFAULT_STORAGE_BPS)
     comm = MPI.COMM_WORLD
     guard = abort_on_error(comm, prefix="solar bench") if args.abort_on_error else contextlib.nullcontext()
     with guard:
@@ -104,7 +128,8 @@ def run(args) -> int:
                     baselines=args.baselines, equal_memory=args.equal_memory,
                     memory_allowance=args.memory_allowance, disk_depth=args.disk_depth,
                     progress=sys.stderr.isatty() and comm.rank == 0, abort_on_error=args.abort_on_error,
-                    baseline_time_limit=args.baseline_time_limit or None)
+                    baseline_time_limit=args.baseline_time_limit or None, ranks_per_node=args.ranks_per_node,
+                    policy=args.policy, peer_cost=cost)
     if comm.rank == 0:
         print(json.dumps(rep, indent=2) if args.json else format_report(rep))
     return 0

@@ -8,7 +8,8 @@ import sys
 from .argtypes import byte_size, epsilon, fraction, non_negative_int, positive_int
 from ..errors import SpecError
 from ..schedule.make import DEFAULT_WINDOW
-from ..scheduler.policies import POLICIES
+from ..scheduler.nodes import DEFAULT_NETWORK_BPS, DEFAULT_STORAGE_BPS, PeerCost
+from ..scheduler.policies import ALL_POLICIES, NODE_POLICIES
 
 EPILOG = """\
 The schedule holds, for every step and rank, the samples to train on (the same global
@@ -21,7 +22,13 @@ examples:
   solar plan data/well/solar-layout.json -P 64 -b 4 --epochs 100 --buffer-per-rank 2GiB --seed 7 -o well.h5
   solar plan data/well --split valid --fields t0_fields/density -P 2 -b 4 --epochs 1 --buffer-fraction 0.5
   solar plan data/ptychonn --resume-from state.json -P 3 --buffer-fraction 0.5 -o plan3.h5
+  solar plan data/well -P 4 -b 4 --epochs 3 --buffer-fraction 0.5 --ranks-per-node 2 -o node.h5
   solar inspect plan.h5
+
+--ranks-per-node L plans node-shared buffers: ranks n*L .. n*L+L-1 (mpiexec/srun's block placement)
+share one buffer of L x the per-rank budget, and with --policy solar-peer (the default then) a node
+may send a block it holds to another node instead of that node reading it from storage, where
+--network-bandwidth / --storage-bandwidth say it is faster.  The job must run with L ranks per node.
 
 --resume-from STATE plans the rest of a job checkpointed on other ranks (STATE: loader.state_dict()
 as JSON, or a torch checkpoint holding it) on -P ranks with the same global batch: -b, --epochs,
@@ -51,8 +58,17 @@ def add_parser(sub):
     p.add_argument("--drop-last", action="store_true", default=None, help="as DistributedSampler(drop_last=True)")
     p.add_argument("--epsilon", type=epsilon,
                    help="allowed per-rank batch imbalance (default 0: every rank gets exactly b samples)")
-    p.add_argument("--policy", choices=[k for k, v in POLICIES.items() if not v.single_buffer],
-                   help="planning policy (default solar)")
+    p.add_argument("--policy", choices=[k for k, v in ALL_POLICIES.items() if not v.single_buffer],
+                   help=f"planning policy (default solar; with --ranks-per-node solar-peer, one of "
+                        f"{', '.join(NODE_POLICIES)})")
+    p.add_argument("--ranks-per-node", type=positive_int,
+                   help="node-shared buffers: ranks sharing one node's buffer (must divide -P; the job runs "
+                        "this many ranks per node)")
+    p.add_argument("--network-bandwidth", type=byte_size, metavar="BYTES/S",
+                   help=f"with --ranks-per-node: bytes/s a transfer between nodes moves (default "
+                        f"{DEFAULT_NETWORK_BPS:.3g})")
+    p.add_argument("--storage-bandwidth", type=byte_size, metavar="BYTES/S",
+                   help=f"with --ranks-per-node: bytes/s a storage read moves (default {DEFAULT_STORAGE_BPS:.3g})")
     p.add_argument("--resume-from", metavar="STATE",
                    help="plan the rest of a job checkpointed on other ranks: its loader state (JSON of "
                         "loader.state_dict(), or a torch checkpoint holding it); same global batch")
@@ -88,11 +104,16 @@ def run(args) -> int:
     elif args.window is not None or epochs == "auto":
         raise SpecError("--resume-from plans a fixed number of epochs: give --epochs N (the job's total), not "
                         "--epochs auto or --window")
+    cost = None
+    if args.network_bandwidth is not None or args.storage_bandwidth is not None:
+        if args.ranks_per_node is None:
+            raise SpecError("--network-bandwidth and --storage-bandwidth need --ranks-per-node (node-shared buffers)")
+        cost = PeerCost(args.network_bandwidth or DEFAULT_NETWORK_BPS, args.storage_bandwidth or DEFAULT_STORAGE_BPS)
     s = plan(args.spec, world_size=args.world_size, local_batch=args.local_batch, epochs=epochs,
              buffer_per_rank=args.buffer_per_rank, buffer_fraction=args.buffer_fraction, seed=args.seed,
              drop_last=args.drop_last, epsilon=args.epsilon, policy=args.policy, out=args.output,
              progress=sys.stderr.isatty(), split=args.split, fields=args.fields, window=args.window,
-             resume_from=args.resume_from)
+             resume_from=args.resume_from, ranks_per_node=args.ranks_per_node, peer_cost=cost)
     summary = s.summary()
     s.close()
     print(json.dumps(summary, indent=2) if args.json else format_schedule(summary))

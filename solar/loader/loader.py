@@ -91,6 +91,14 @@ class SolarLoader:
     the new one first reads the blocks the plan holds resident there (at most the buffer budget,
     once per window; not counted as the epoch's misses), then follows the new window's plan.
     ``load_state_dict`` accepts a step in any window (the windows before it are planned first).
+
+    Node plans (``solar plan --ranks-per-node L``, format version 6): the L ranks of each planned node share
+    one buffer in an MPI shared-memory window and nodes send each other blocks as planned
+    (:class:`~solar.buffer.node_manager.NodeBufferManager`).  ``comm`` is required (more than one rank), the
+    ranks of a planned node must share memory (checked: launch L ranks per node in block order), and
+    starting or stopping the buffer is collective: every rank iterates, seeks (``set_epoch`` to another
+    epoch, ``load_state_dict``) and closes at the same points, as a DDP loop does.  :meth:`stats` adds the
+    transfer counts.
     """
 
     def __init__(self, schedule: Union[str, Schedule], data: Union[str, "Layout", None] = None, *, comm=None,
@@ -125,15 +133,25 @@ class SolarLoader:
         if stored:  # the stored layout against the files: one rank of comm checks, every rank gets the verdict
             from ..schedule.verify import verify_data as verify
             verify(self.schedule, self.layout, verify_data, comm, verify_scope)
+        self.nodes = self.schedule.nodes  # a node plan (format version 6): the ranks of a node share a buffer
+        if self.nodes is not None:
+            from .nodes import check_node_placement
+            check_node_placement(self.nodes, comm, self.schedule.path)  # collective; raises on every rank
         try:
             self.schedule.check(layout=self.layout)
-            self.rank_plan = self.schedule.rank(self.rank)
             self.demand = self.schedule.demand()
             # this rank's memory (solar.buffer.sizing), checked against what the plan was made for before any
             # file is opened (whether it fits does not depend on the reader: reads in flight get what is left)
             self.batch_bytes = batch_bytes(self.layout, max_local_batch(self.schedule.config))
-            self.memory = rank_memory(self.rank_plan, self.demand, budget=self.schedule.buffer_bytes,
-                                      batch_bytes=self.batch_bytes, prefetch=prefetch, io_depth=4)[0]
+            if self.nodes is None:
+                self.rank_plan = self.schedule.rank(self.rank)
+                self.memory = rank_memory(self.rank_plan, self.demand, budget=self.schedule.buffer_bytes,
+                                          batch_bytes=self.batch_bytes, prefetch=prefetch, io_depth=4)[0]
+            else:
+                from .nodes import node_rank_memory
+                self.rank_plan = self.schedule.node_plan(self.rank)
+                self.memory = node_rank_memory(self.rank_plan, self.demand, self.schedule.buffer_bytes,
+                                               self.batch_bytes, prefetch)
             self.assembler = BatchAssembler(self.layout, pin_memory=pin_memory, fields=fields)
             self.hooks = BatchHooks(transform, sample_transform, device, as_torch, to_torch=self._to_torch)
             bind_layout(self.layout, transform, sample_transform)
@@ -143,8 +161,11 @@ class SolarLoader:
         agree(comm, err)
         if reader is None and comm is not None and comm.Get_size() > 1:  # one reader for all (ulimit may differ)
             self.reader_name = comm.bcast(self.reader_name, root=0)
+        reader_options = dict(reader_options or {})
+        if self.nodes is not None and self.reader_name == "mpiio":  # a node's ranks each read a part of a step
+            reader_options.setdefault("collective", False)
         self.reader = get_reader(self.reader_name, self.layout, comm=comm, threads=threads,
-                                 **(reader_options or {}))  # last: nothing after it can fail
+                                 **reader_options)  # last: nothing after it can fail
         self.epoch_log = EpochLog(self.rank)
         self.prefetch, self.as_torch, self.verify, self.epoch_fence = prefetch, as_torch, verify, epoch_fence
         self.S = self.schedule.steps_per_epoch
@@ -202,10 +223,16 @@ class SolarLoader:
             w = self.cursor // (self.S * self.schedule.window)
             plan = self.windows.rank_plan(w)
             self.windows.prepare(w + 1)
+        fence = self.S if self.epoch_fence else None
+        if self.nodes is not None:  # collective over comm: every rank starts its buffer at the same step
+            from ..buffer.node_manager import NodeBufferManager
+            self.buffer = NodeBufferManager(plan, self.rank, self.demand, self.reader, self._assemble, comm=self.comm,
+                                            budget=self.schedule.buffer_bytes, prefetch=self.prefetch,
+                                            start=self.cursor, fence=fence, batch_bytes=self.batch_bytes)
+            return
         self.buffer = BufferManager(plan, self.demand, self.reader, self._assemble,
                                     budget=self.schedule.buffer_bytes, prefetch=self.prefetch, start=self.cursor,
-                                    verify=self.verify, fence=self.S if self.epoch_fence else None,
-                                    batch_bytes=self.batch_bytes)
+                                    verify=self.verify, fence=fence, batch_bytes=self.batch_bytes)
 
     def _stop_buffer(self):
         if self.buffer is not None:
@@ -301,11 +328,18 @@ class SolarLoader:
 
     # --------------------------------------------------------------- stats
     def stats(self) -> dict:
+        """This rank's running totals of the buffer it runs now (from its start: a seek restarts them).
+        A node plan adds ``staged``, ``recv_blocks``/``recv_bytes`` and ``sent_blocks``/``sent_bytes``
+        (transfers between nodes, counted on each node's local rank 0)."""
         t = self.buffer.totals if self.buffer is not None else None
         if t is None:
             return {}
-        out = {k: getattr(t, k) for k in ("steps", "samples", "hits", "hit_bytes", "misses", "bytes_loaded", "bytes_read",
-                                           "n_reads", "read_s", "assemble_s", "stall_s", "plan_violations")}
+        keys = ("steps", "samples", "hits", "hit_bytes", "misses", "bytes_loaded", "bytes_read", "stored_bytes",
+                "n_reads", "read_s", "assemble_s", "stall_s", "plan_violations")
+        if self.nodes is not None:
+            from ..buffer.node_manager import NODE_KEYS
+            keys += NODE_KEYS
+        out = {k: getattr(t, k) for k in keys}
         out.update(self.reader.open_stats())  # opens, evictions, max_open (solar.io.fdcache)
         return out
 

@@ -4,6 +4,6 @@
 The format is described in :mod:`solar.schedule.format`.
 """
 from .make import buffer_bytes, plan
-from .schedule import RankPlan, Schedule, ScheduleError, StepPlan
+from .schedule import NodeRankPlan, RankPlan, Schedule, ScheduleError, StepPlan
 
-__all__ = ["plan", "buffer_bytes", "Schedule", "RankPlan", "StepPlan", "ScheduleError"]
+__all__ = ["plan", "buffer_bytes", "Schedule", "RankPlan", "NodeRankPlan", "StepPlan", "ScheduleError"]

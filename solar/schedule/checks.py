@@ -122,6 +122,42 @@ def parse_resume(text: str, cfg: PlanConfig, n_samples: int, fingerprint: str) -
     return doc
 
 
+def parse_nodes(text: str, cfg: PlanConfig, policy: str):
+    """The ``nodes`` attribute of a version-6 file (JSON, see :mod:`.format`) -> ``(NodeMap, PeerCost)``,
+    checked: L divides the world size, the policy is a node-pool one."""
+    from ..scheduler.nodes import NodeMap, PeerCost
+    from ..scheduler.policies import NODE_POLICIES
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError):
+        raise Damaged(f"attribute nodes is not JSON: {text[:60]!r}") from None
+    keys = {"ranks_per_node", "network_bytes_per_s", "storage_bytes_per_s"}
+    if not isinstance(doc, dict) or set(doc) != keys:
+        raise Damaged(f"attribute nodes has {sorted(doc) if isinstance(doc, dict) else type(doc).__name__}, "
+                      f"expected {sorted(keys)}")
+    if policy not in NODE_POLICIES:
+        raise Damaged(f"policy {policy!r} of a node plan (version 6) is not a node-pool policy")
+    try:
+        return (NodeMap(cfg.world_size, doc["ranks_per_node"]),
+                PeerCost(doc["network_bytes_per_s"], doc["storage_bytes_per_s"]))
+    except SolarError as exc:
+        raise Damaged(f"attribute nodes: {exc}") from None
+
+
+def check_transfers(node: int, recv: np.ndarray, recv_from: np.ndarray, recv_count: np.ndarray, sent: dict):
+    """What node ``node`` receives at each step from each node equals, in order, what that node sends it
+    (``sent``: sender -> ``(send, send_to, send_count)`` of its file lists): a receive nobody sends would
+    wait forever."""
+    G = recv_count.shape[0]
+    step_r = np.repeat(np.arange(G, dtype=np.int64), recv_count)
+    for m, (blk, to, cnt) in sent.items():
+        step_s = np.repeat(np.arange(G, dtype=np.int64), cnt)
+        mine = to == node
+        got = recv_from == m
+        if not (np.array_equal(step_s[mine], step_r[got]) and np.array_equal(blk[mine], recv[got])):
+            raise Damaged(f"node {node}'s receives from node {m} are not what node {m} sends it")
+
+
 # ------------------------------------------------------------------- arrays
 def check_meta(name: str, dtype: np.dtype, shape: Tuple[int, ...], want_dtype, want_shape: Sequence[Optional[int]],
                max_bytes: int):
@@ -170,7 +206,7 @@ def check_epochs(epochs: dict, E: int):
 
 
 def check_replay(rank: int, load: np.ndarray, load_count: np.ndarray, evict: np.ndarray, evict_count: np.ndarray,
-                 block_nbytes: np.ndarray, budget: int):
+                 block_nbytes: np.ndarray, budget: int, what: str = "rank"):
     """Replaying rank ``rank``'s plan (per step: evict, then load; ids already in range) never evicts
     a block that is not resident, never loads one that is, and never holds more than ``budget`` bytes.
 
@@ -189,16 +225,16 @@ def check_replay(rank: int, load: np.ndarray, load_count: np.ndarray, evict: np.
     bad = (first & (s < 0)) | (~first & (s == np.roll(s, 1)))
     if bad.any():
         k = int(np.flatnonzero(bad)[0])
-        what = "evicts" if s[k] < 0 else "loads"
         state = "not resident" if s[k] < 0 else "already resident"
-        raise Damaged(f"rank {rank} {what} block {int(b[k])} at step {int(w[k]) // 2}, which is {state}")
+        verb = "evicts" if s[k] < 0 else "loads"
+        raise Damaged(f"{what} {rank} {verb} block {int(b[k])} at step {int(w[k]) // 2}, which is {state}")
     delta = np.zeros(G, dtype=np.int64)
     np.add.at(delta, step_l, block_nbytes[load])
     np.subtract.at(delta, step_e, block_nbytes[evict])
     resident = np.cumsum(delta)
     if G and int(resident.max()) > budget:
         g = int(np.argmax(resident))
-        raise Damaged(f"rank {rank} holds {int(resident[g]):,} bytes after step {g}, more than its buffer of "
+        raise Damaged(f"{what} {rank} holds {int(resident[g]):,} bytes after step {g}, more than its buffer of "
                       f"{budget:,} bytes")
 
 

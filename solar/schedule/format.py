@@ -1,4 +1,5 @@
-"""The schedule file format (HDF5), version 4, and version 5 for a resumed job (versions 1-3 are still read).
+"""The schedule file format (HDF5), version 4, version 5 for a resumed job and version 6 for a plan of
+node-shared buffers (versions 1-3 are still read).
 
 ::
 
@@ -52,6 +53,25 @@ loader state (fingerprint, world_size, config, policy, step)}``.  Its steps befo
 empty (no samples, loads or evictions: the job starts with empty buffers); an older solar, which
 would train those empty steps, refuses the version.
 Other plans are still written as version 4.
+
+Version 6 is written only for a node-pool policy (``solar plan --ranks-per-node L --policy solar-node``
+or ``solar-peer``, :mod:`solar.scheduler.node_plan`): the L ranks of a node share one buffer of
+L x ``config.buffer_bytes``, and nodes may send blocks to each other.  It adds the header attribute
+``nodes`` (JSON, covered by ``header_sha256``): ``{"ranks_per_node": L, "network_bytes_per_s": ...,
+"storage_bytes_per_s": ...}`` (the :class:`~solar.scheduler.nodes.PeerCost` planned with).  Q = P / L
+nodes, ranks ``n*L .. n*L+L-1`` on node n.  What changes:
+
+    /ranks/<r>/samples, samples_count   as above (rank r's samples); no load, evict or stats per rank
+    /nodes/<n>/load, evict, stage       id[*] + ``<name>_count`` int32[E*S]: node n's pool (evict, then
+                                        load) and its staging reads (read, used at that step, dropped)
+    /nodes/<n>/send, recv               id[*] + ``<name>_count`` int32[E*S]: blocks node n sends / receives
+                                        at each step, in the plan's order, with ``send_to`` / ``recv_from``
+                                        int32[*] the other node
+    /nodes/<n>/stats                    int64[E*S, 10]  :data:`~solar.scheduler.node_plan.NODE_STATS`
+    /epochs/rank_miss_bytes             int64[E, Q]  per node (not per rank)
+    /epochs/peer_bytes                  int64[E]  decoded bytes sent between nodes
+
+A node plan is never open-ended or resumed.  Older solar refuses the version.
 """
 from __future__ import annotations
 
@@ -66,15 +86,19 @@ import numpy as np
 FORMAT = "solar-schedule"
 VERSION = 4
 RESUMED_VERSION = 5  # a resumed job's file (header attribute ``resume``)
-READABLE_VERSIONS = (1, 2, 3, 4, 5)
+NODE_VERSION = 6     # a node-pool plan (header attribute ``nodes``, groups ``/nodes/<n>``)
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6)
 STATS = ("hits", "hit_bytes", "misses", "miss_bytes", "stored_bytes")
 RANK_LISTS = ("samples", "load", "evict")
+NODE_LISTS = ("load", "evict", "stage", "send", "recv")
+NODE_PEERS = {"send": "send_to", "recv": "recv_from"}  # the other node of each transfer
 HEADER_KEYS_V1 = ("format", "version", "solar_version", "policy", "config", "fingerprint", "source", "n_samples",
                   "n_blocks", "steps_per_epoch", "id_dtype")
 HEADER_KEYS_V2 = HEADER_KEYS_V1 + ("source_abs",)
 HEADER_KEYS_V3 = HEADER_KEYS_V2 + ("layout_bytes",)
 HEADER_KEYS_V4 = HEADER_KEYS_V3 + ("open_ended", "window")
 HEADER_KEYS = HEADER_KEYS_V4 + ("resume",)
+HEADER_KEYS_V6 = HEADER_KEYS_V4 + ("nodes",)
 
 
 def id_dtype(n_samples: int, n_blocks: int) -> np.dtype:
@@ -83,7 +107,8 @@ def id_dtype(n_samples: int, n_blocks: int) -> np.dtype:
 
 def header_keys(version: int) -> Tuple[str, ...]:
     """The root attributes ``header_sha256`` covers in files of format ``version``."""
-    return {1: HEADER_KEYS_V1, 2: HEADER_KEYS_V2, 3: HEADER_KEYS_V3, 4: HEADER_KEYS_V4}.get(version, HEADER_KEYS)
+    return {1: HEADER_KEYS_V1, 2: HEADER_KEYS_V2, 3: HEADER_KEYS_V3, 4: HEADER_KEYS_V4,
+            6: HEADER_KEYS_V6}.get(version, HEADER_KEYS)
 
 
 def header_digest(attrs, version: int = VERSION) -> str:

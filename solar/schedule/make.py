@@ -55,7 +55,8 @@ def plan(data: Union[str, "Demand", object], *, world_size: int, local_batch: Op
          epochs: Union[int, str, None] = None, buffer_per_rank=None, buffer_fraction: Optional[float] = None,
          seed: Optional[int] = None, drop_last: Optional[bool] = None, epsilon: Optional[float] = None,
          policy: Optional[str] = None, out: Optional[str] = None, progress: bool = False,
-         split: Optional[str] = None, fields=None, window: Optional[int] = None, resume_from=None) -> Schedule:
+         split: Optional[str] = None, fields=None, window: Optional[int] = None, resume_from=None,
+         ranks_per_node: Optional[int] = None, peer_cost=None) -> Schedule:
     """Plan a job and write its schedule to ``out`` (in memory if None); returns the open :class:`Schedule`.
 
     ``data``: a layout spec path / folder / HDF5 file, a :class:`~solar.layout.Layout`
@@ -75,8 +76,18 @@ def plan(data: Union[str, "Demand", object], *, world_size: int, local_batch: Op
     (None), ``local_batch``, ``epochs``, ``seed``, ``drop_last``, ``epsilon`` and ``policy`` are the
     checkpointed job's (``local_batch``: its global batch / ``world_size``); the file (format version 5)
     starts at the state's step and the new loader accepts the old state.
+
+    ``ranks_per_node``: node-shared buffers (format version 6): ranks ``n*L .. n*L+L-1`` share node n's
+    buffer of L x the per-rank budget, planned with a node-pool policy (default ``"solar-peer"``: solar
+    per node, plus blocks sent between nodes where ``peer_cost``, a
+    :class:`~solar.scheduler.nodes.PeerCost`, says the network is faster than storage; ``"solar-node"``:
+    no transfers).  The job must run L ranks per node in that order (the loader checks that each planned
+    node's ranks share memory).  Not with ``resume_from`` or ``epochs="auto"``.
     """
     check_count("world_size", world_size)
+    nodes = _nodes(world_size, ranks_per_node, peer_cost, policy, resume_from, epochs)
+    if nodes is not None and policy is None:
+        policy = "solar-peer"
     if resume_from is not None:
         return _plan_resumed(data, resume_from, world_size=world_size, local_batch=local_batch, epochs=epochs,
                              buffer_per_rank=buffer_per_rank, buffer_fraction=buffer_fraction, seed=seed,
@@ -87,7 +98,7 @@ def plan(data: Union[str, "Demand", object], *, world_size: int, local_batch: Op
                         f"which takes it from a checkpointed job)")
     check_count("local_batch", local_batch)
     epochs, window = epochs_and_window(epochs, window)
-    pol = _policy("solar" if policy is None else policy)
+    pol = _policy("solar" if policy is None else policy, nodes is not None)
     data, demand, source = _inputs(data, out, progress, split, fields)
     from ..buffer.sizing import residency_budget  # the budget is all the rank's memory: batches held back
     budget = buffer_bytes(demand, world_size, buffer_per_rank, buffer_fraction)
@@ -96,9 +107,10 @@ def plan(data: Union[str, "Demand", object], *, world_size: int, local_batch: Op
                      residency_budget(budget, demand, local_batch, epsilon, None if data is demand else data),
                      seed=0 if seed is None else seed, drop_last=bool(drop_last), epsilon=epsilon)
     S = steps_per_epoch(demand.n_samples, world_size, local_batch, cfg.drop_last)
-    run = PlanRun(demand, cfg, pol, record=True, open_ended=window > 0)  # before the file: SpecError leaves none
+    node_args = {} if nodes is None else {"nodes": nodes[0], "cost": nodes[1]}
+    run = PlanRun(demand, cfg, pol, record=True, open_ended=window > 0, **node_args)  # before the file
     w = ScheduleWriter(out, demand, cfg, pol.name, S, source=source, layout=None if data is demand else data,
-                       window=window)
+                       window=window, nodes=nodes)
     return _write(w, out, lambda: run.advance(cfg.epochs, on_epoch=w.add_epoch, progress=progress))
 
 
@@ -128,12 +140,36 @@ def _plan_resumed(data, state, *, world_size: int, local_batch, epochs, buffer_p
     return _write(w, out, lambda: run.advance(w.add_epoch, progress=progress))
 
 
-def _policy(name: str):
+def _policy(name: str, node_pools: bool = False):
+    """The policy ``name`` if it plans what the job runs: one buffer per rank, or with ``node_pools`` per node."""
+    from ..scheduler.policies import NODE_POLICIES
     pol = get_policy(name)
     if pol.single_buffer:
         raise SpecError(f"policy {name!r} is a bound with one shared buffer, not a per-rank plan; "
                         f"plan with solar, nopfs, torch or solar2023")
+    if pol.node_pools and not node_pools:
+        raise SpecError(f"policy {name!r} plans one buffer per node: give ranks_per_node (solar plan "
+                        f"--ranks-per-node L)")
+    if node_pools and not pol.node_pools:
+        raise SpecError(f"policy {name!r} plans one buffer per rank; with ranks_per_node plan with one of "
+                        f"{', '.join(NODE_POLICIES)}")
     return pol
+
+
+def _nodes(world_size: int, ranks_per_node, peer_cost, policy, resume_from, epochs):
+    """``(NodeMap, PeerCost)`` of a node plan, or None (one buffer per rank)."""
+    from ..scheduler.nodes import NodeMap, PeerCost
+    if ranks_per_node is None:
+        if peer_cost is not None:
+            raise SpecError("peer_cost= needs ranks_per_node= (node-shared buffers)")
+        return None
+    if resume_from is not None:
+        raise SpecError("ranks_per_node= with resume_from=: a resumed job is planned with one buffer per rank")
+    if epochs == "auto":
+        raise SpecError("ranks_per_node= needs a fixed number of epochs (not 'auto')")
+    if peer_cost is not None and not isinstance(peer_cost, PeerCost):
+        raise SpecError(f"peer_cost must be a solar.scheduler.nodes.PeerCost, got {type(peer_cost).__name__}")
+    return NodeMap(world_size, ranks_per_node), peer_cost if peer_cost is not None else PeerCost()
 
 
 def _inputs(data, out: Optional[str], progress: bool, split, fields):

@@ -11,7 +11,7 @@ import numpy as np
 
 from ..errors import SolarError
 from . import checks
-from .format import FORMAT, RANK_LISTS, READABLE_VERSIONS, STATS, array_digest, header_digest
+from .format import FORMAT, NODE_LISTS, NODE_PEERS, RANK_LISTS, READABLE_VERSIONS, STATS, array_digest, header_digest
 
 # what h5py, numpy and json raise on a damaged file (turned into ScheduleError where the file is read)
 LOW_LEVEL = (OSError, KeyError, ValueError, TypeError, RuntimeError, IndexError, OverflowError, RecursionError)
@@ -108,7 +108,8 @@ class Schedule:
         self.layout_bytes = checks.attr_int(a, "layout_bytes") if self.version > 2 else 0
         self.open_ended = bool(checks.attr_int(a, "open_ended", 0, 1)) if self.version > 3 else False
         self.window = checks.attr_int(a, "window", 0, 2**31) if self.version > 3 else 0
-        resume = checks.attr_str(a, "resume") if self.version > 4 else None
+        resume = checks.attr_str(a, "resume") if self.version == 5 else None
+        nodes = checks.attr_str(a, "nodes") if self.version == 6 else None
         ints = {k: checks.attr_int(a, k) for k in ("n_samples", "n_blocks", "steps_per_epoch")}
         if header_digest(a, self.version) != texts["header_sha256"]:
             raise ScheduleError(f"{self.path}: header checksum mismatch: the file is damaged")
@@ -125,11 +126,21 @@ class Schedule:
                                                                      self.fingerprint)
         if self.resume is not None and self.open_ended:
             raise checks.Damaged("an open-ended schedule cannot be a resumed one (attribute resume)")
+        #: a node-pool plan (format version 6): its :class:`~solar.scheduler.nodes.NodeMap` and
+        #: :class:`~solar.scheduler.nodes.PeerCost`; None (and None) for a plan of one buffer per rank
+        self.nodes, self.peer_cost = (None, None) if nodes is None else checks.parse_nodes(nodes, self.config,
+                                                                                            self.policy)
+        if self.nodes is not None and self.open_ended:
+            raise checks.Damaged("a node plan cannot be open-ended")
         self.id_dtype = np.dtype(texts["id_dtype"])
         ranks = self._f["ranks"] if "ranks" in self._f else None
         P = self.world_size
         if not isinstance(ranks, h5py.Group) or len(ranks) != P or any(str(r) not in ranks for r in range(P)):
             raise checks.Damaged(f"/ranks does not hold one group per rank 0..{P - 1}")
+        if self.nodes is not None:
+            grp, Q = (self._f["nodes"] if "nodes" in self._f else None), self.nodes.n_nodes
+            if not isinstance(grp, h5py.Group) or len(grp) != Q or any(str(n) not in grp for n in range(Q)):
+                raise checks.Damaged(f"/nodes does not hold one group per node 0..{Q - 1}")
 
     def _check_kind(self, a):
         """A solar schedule, of a format version this solar reads, completely written; sets ``version``."""
@@ -152,7 +163,10 @@ class Schedule:
         self.epoch_order = self._read("epochs/source_epoch", "<i8", (E,))
         self._epochs = {k: self._read(f"epochs/{k}", "<i8", (E,)) for k in (
             "hit_bytes", "miss_bytes", "stored_bytes", "demand_bytes", "max_local_batch", "min_local_batch")}
-        self._epochs["rank_miss_bytes"] = self._read("epochs/rank_miss_bytes", "<i8", (E, P))
+        per = P if self.nodes is None else self.nodes.n_nodes  # a node plan's misses are per node
+        self._epochs["rank_miss_bytes"] = self._read("epochs/rank_miss_bytes", "<i8", (E, per))
+        if self.nodes is not None:
+            self._epochs["peer_bytes"] = self._read("epochs/peer_bytes", "<i8", (E,))
         checks.check_epochs({"source_epoch": self.epoch_order, **self._epochs}, E)
 
     # ------------------------------------------------------------------ open
@@ -289,13 +303,20 @@ class Schedule:
         return int(self.epoch_order[e])
 
     # ----------------------------------------------------------------- ranks
+    def _check_rank(self, r) -> int:
+        if isinstance(r, bool) or not isinstance(r, (int, np.integer)) or not 0 <= r < self.world_size:
+            raise ScheduleError(f"rank {r!r} out of range: the schedule has world size {self.world_size}")
+        return int(r)
+
     def rank(self, r: int, keep: bool = True) -> RankPlan:
         """Rank ``r``'s slice, read once and verified: ids in range, the replay of its plan (residency,
         budget) and, with ``verify``, checksums and its samples against DistributedSampler's batches.
-        ``keep=False``: not kept after the call (a pass over every rank's slice holds one at a time)."""
-        if isinstance(r, bool) or not isinstance(r, (int, np.integer)) or not 0 <= r < self.world_size:
-            raise ScheduleError(f"rank {r!r} out of range: the schedule has world size {self.world_size}")
-        r = int(r)
+        ``keep=False``: not kept after the call (a pass over every rank's slice holds one at a time).
+        A node plan (``nodes`` not None) has no per-rank buffer: see :meth:`node_plan`."""
+        r = self._check_rank(r)
+        if self.nodes is not None:
+            raise ScheduleError(f"{self.path}: a node plan ({self.policy}, {self.nodes.ranks_per_node} ranks per "
+                                f"node) has one buffer per node, not per rank: read it with node_plan(rank)")
         if r in self._ranks:
             return self._ranks[r]
         demand = self.demand()
@@ -326,12 +347,81 @@ class Schedule:
                                  self.epoch_order)
         return arrays
 
+    # ----------------------------------------------------------------- nodes
+    def node_plan(self, r: int) -> "NodeRankPlan":
+        """Of a node plan: what rank ``r`` needs to run it (its samples, its node's lists), read once and
+        verified like :meth:`rank` (ids in range, the replay of the node's pool within L x the budget,
+        the receives against the senders' lists, samples against DistributedSampler's batches)."""
+        r = self._check_rank(r)
+        if self.nodes is None:
+            raise ScheduleError(f"{self.path}: not a node plan (policy {self.policy}, one buffer per rank): read it "
+                                f"with rank(r)")
+        key = ("node", r)
+        if key not in self._ranks:
+            demand = self.demand()
+            with self._reading(f"ranks/{r} and its node"):
+                n_transfers = sum(int(self._read(f"nodes/{n}/send_count", "<i4", (self.n_steps,)).sum(dtype=np.int64))
+                                  for n in range(self.nodes.n_nodes))
+                self._ranks[key] = NodeRankPlan(self, r, self._read_samples(r), self._read_node(
+                    r // self.nodes.ranks_per_node, demand["block_nbytes"]), n_transfers)
+        return self._ranks[key]
+
+    def _read_samples(self, r: int) -> Dict[str, np.ndarray]:
+        base, G = f"ranks/{r}/", self.n_steps
+        cnt = self._read(base + "samples_count", "<i4", (G,))
+        checks.check_range(base + "samples_count", cnt, 0, 2**31)
+        samples = self._read(base + "samples", self.id_dtype, (int(cnt.sum(dtype=np.int64)),))
+        checks.check_range(base + "samples", samples, 0, self.n_samples)
+        if self.verify:
+            checks.check_sampler(r, samples, cnt, self.n_samples, self.config, self.epoch_order)
+        return {"samples": samples, "samples_count": cnt}
+
+    def _node_lists(self, n: int, names) -> Dict[str, np.ndarray]:
+        from ..scheduler.node_plan import NODE_STATS
+        base, G, Q = f"nodes/{n}/", self.n_steps, self.nodes.n_nodes
+        out = {}
+        for x in names:
+            if x == "stats":
+                out[x] = self._read(base + x, "<i8", (G, len(NODE_STATS)))
+                checks.check_range(base + x, out[x], 0, 2**63 - 1)
+                continue
+            cnt = self._read(base + x + "_count", "<i4", (G,))
+            checks.check_range(base + x + "_count", cnt, 0, 2**31)
+            out[x + "_count"] = cnt
+            out[x] = self._read(base + x, self.id_dtype, (int(cnt.sum(dtype=np.int64)),))
+            checks.check_range(base + x, out[x], 0, self.n_blocks)
+            if x in NODE_PEERS:
+                other = NODE_PEERS[x]
+                out[other] = self._read(base + other, "<i4", (out[x].shape[0],))
+                checks.check_range(base + other, out[other], 0, Q)
+                if (out[other] == n).any():
+                    raise checks.Damaged(f"node {n} has a transfer to or from itself")
+        return out
+
+    def _read_node(self, n: int, block_nbytes: np.ndarray) -> Dict[str, np.ndarray]:
+        """``/nodes/<n>`` arrays, each checked before it is read and after; the pool replayed within the
+        node's budget, the receives against the other nodes' sends."""
+        out = self._node_lists(n, NODE_LISTS + ("stats",))
+        checks.check_replay(n, out["load"], out["load_count"], out["evict"], out["evict_count"], block_nbytes,
+                            self.nodes.ranks_per_node * self.buffer_bytes, what="node")
+        senders = np.unique(out["recv_from"])
+        sent = {}
+        for m in senders.tolist():
+            d = self._node_lists(int(m), ("send",))
+            sent[int(m)] = (d["send"], d["send_to"], d["send_count"])
+        checks.check_transfers(n, out["recv"], out["recv_from"], out["recv_count"], sent)
+        return out
+
     def batch(self, e: int, step: int, rank: int) -> np.ndarray:
         """Sample ids rank ``rank`` trains on at step ``step`` of epoch position ``e``."""
         if not 0 <= step < self.steps_per_epoch:
             raise IndexError(f"step {step} out of range [0, {self.steps_per_epoch})")
         self.source_epoch(e)
-        return self.rank(rank).step(e * self.steps_per_epoch + step).samples
+        g = e * self.steps_per_epoch + step
+        if self.nodes is not None:
+            p = self.node_plan(rank)
+            return p.samples[p.samples_ptr[g]:p.samples_ptr[g + 1]]
+        return self.rank(rank).step(g).samples
 
     def demand(self) -> Dict[str, np.ndarray]:
         """The sample -> blocks map and block sizes the plan was made for (read once, validated):
@@ -391,7 +481,8 @@ class Schedule:
                 "storage_bytes": e["stored_bytes"].tolist(), "demand_bytes": e["demand_bytes"].tolist(),
                 "hit_rate": hit_rate, "steady_hit_rate": steady,
                 "max_local_batch": e["max_local_batch"].tolist(), "min_local_batch": e["min_local_batch"].tolist(),
-                "rank_miss_bytes": e["rank_miss_bytes"].tolist()}
+                **({"rank_miss_bytes": e["rank_miss_bytes"].tolist()} if self.nodes is None else
+                   {"node_miss_bytes": e["rank_miss_bytes"].tolist(), "peer_bytes": e["peer_bytes"].tolist()})}
 
     def summary(self) -> dict:
         from ..buffer.sizing import schedule_memory_summary
@@ -400,9 +491,57 @@ class Schedule:
                 "fingerprint": self.fingerprint, "source": self.source_rel, "source_abs": self.source_abs,
                 "format_version": self.version, "config": self.config.to_dict(), "layout_bytes": self.layout_bytes,
                 "open_ended": self.open_ended, "window": self.window, "resume": self.resume,
+                "nodes": None if self.nodes is None else {"ranks_per_node": self.nodes.ranks_per_node,
+                                                          "n_nodes": self.nodes.n_nodes, **self.peer_cost.to_dict()},
                 "n_samples": self.n_samples, "n_blocks": self.n_blocks, "steps_per_epoch": self.steps_per_epoch,
                 "source_epochs": self.epoch_order.tolist(), "file_bytes": _file_size(self.path), **p,
                 "memory_per_rank": schedule_memory_summary(self)}
+
+
+class NodeRankPlan:
+    """What one rank of a node plan (format version 6) needs: its samples and its node's lists, with the
+    interface :class:`~solar.buffer.NodeBufferManager` takes (a :class:`~solar.scheduler.node_plan.NodePlan`
+    sliced to one rank: ``nodes``, ``policy``, ``steps_per_epoch``, ``n_steps``, :meth:`rank` and
+    :meth:`node` for this rank and its node only, :meth:`identity`).
+
+    ``samples`` id[n_r] with ``samples_ptr`` int64[G+1]; ``node(n)`` as NodePlan's: ``load``/``evict``/
+    ``stage``/``send``/``recv`` with int64[G+1] ``*_ptr``, ``send_to``/``recv_from`` int32, ``stats``
+    int64[G, 10].
+    """
+
+    def __init__(self, schedule: "Schedule", rank: int, samples: Dict[str, np.ndarray], node: Dict[str, np.ndarray],
+                 n_transfers: int):
+        self.nodes, self.policy = schedule.nodes, schedule.policy
+        self.steps_per_epoch, self.n_steps = schedule.steps_per_epoch, schedule.n_steps
+        self.rank_id, self.node_id = rank, rank // self.nodes.ranks_per_node
+        self.samples = samples["samples"]
+        self.samples_ptr = _ptr(samples["samples_count"])
+        self._node = {k: v for k, v in node.items() if not k.endswith("_count")}
+        for x in NODE_LISTS:
+            self._node[x + "_ptr"] = _ptr(node[x + "_count"])
+        self._identity = (schedule.fingerprint, self.n_steps, checks.attr_str(schedule._f.attrs, "header_sha256"))
+        #: transfers between nodes in the whole job (every rank sees the same number, whether or not its
+        #: node takes part)
+        self.n_transfers = n_transfers
+
+    def identity(self) -> tuple:
+        """The same on every rank of one job: the file's header checksum (ranks compare it)."""
+        return self._identity
+
+    def rank(self, r: int) -> Dict[str, np.ndarray]:
+        if r != self.rank_id:
+            raise IndexError(f"this plan holds rank {self.rank_id}'s samples, not rank {r}'s")
+        return {"samples": self.samples, "samples_ptr": self.samples_ptr}
+
+    def node(self, n: int) -> Dict[str, np.ndarray]:
+        if n != self.node_id:
+            raise IndexError(f"this plan holds node {self.node_id}'s lists, not node {n}'s")
+        return dict(self._node)
+
+    def predicted(self) -> Dict[str, int]:
+        """The node's totals of :data:`~solar.scheduler.node_plan.NODE_STATS` over the job."""
+        from ..scheduler.node_plan import NODE_STATS
+        return {k: int(v) for k, v in zip(NODE_STATS, self._node["stats"].sum(axis=0))}
 
 
 def _first_line(exc: BaseException) -> str:

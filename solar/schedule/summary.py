@@ -14,7 +14,9 @@ def format_schedule(s: dict) -> str:
              f"drop_last {'yes' if c['drop_last'] else 'no'}, epsilon {c['epsilon']}",
              _layout_line(s),
              *_resume_lines(s),
-             "  epoch  sampler-epoch  hit rate  read from storage  local batch",
+             *_node_lines(s),
+             "  epoch  sampler-epoch  hit rate  read from storage  local batch"
+             + ("  sent between nodes" if s.get("nodes") else ""),
              ]
     first = s["resume"]["step"] // s["steps_per_epoch"] if s.get("resume") else 0  # epochs before: empty
     for e, (src, hr, st, lo, hi) in enumerate(zip(s["source_epochs"], s["hit_rate"], s["storage_bytes"],
@@ -22,15 +24,28 @@ def format_schedule(s: dict) -> str:
         if e < first:
             continue
         lb = f"{lo}" if lo == hi else f"{lo}..{hi}"
-        lines.append(f"  {e:5d}  {src:13d}  {hr:8.3f}  {human_bytes(st):>17}  {lb}")
+        peer = f"  {human_bytes(s['peer_bytes'][e]):>18}" if s.get("nodes") else ""
+        lines.append(f"  {e:5d}  {src:13d}  {hr:8.3f}  {human_bytes(st):>17}  {lb:>11}{peer}")
     tot = sum(s["storage_bytes"])
-    per_rank = [sum(col) for col in zip(*s["rank_miss_bytes"])]
+    who = "node" if s.get("nodes") else "rank"
+    per_rank = [sum(col) for col in zip(*s[f"{who}_miss_bytes"])]
     imb = max(per_rank) / (sum(per_rank) / len(per_rank)) if sum(per_rank) else 1.0
     lines.append(f"  predicted: steady-state hit rate {s['steady_hit_rate']:.3f}, {human_bytes(tot)} read from "
-                 f"storage in all, busiest rank reads x{imb:.2f} the mean")
-    if s.get("memory_per_rank"):
-        lines.append(f"  memory per rank: {_memory_text(s['memory_per_rank'])}")
+                 f"storage in all, busiest {who} reads x{imb:.2f} the mean")
+    m = s.get("memory_per_rank")
+    if m:
+        lines.append(f"  memory per {'node' if m.get('per_node') else 'rank'}: {_memory_text(m)}")
     return "\n".join(lines)
+
+
+def _node_lines(s: dict) -> list:
+    """For a node plan: the nodes and the transfer cost model."""
+    n = s.get("nodes")
+    if not n:
+        return []
+    return [f"  nodes: {n['n_nodes']} x {n['ranks_per_node']} ranks sharing one buffer each "
+            f"({human_bytes(n['ranks_per_node'] * s['config']['buffer_bytes'])}); transfers when faster than "
+            f"storage at network {n['network_bytes_per_s'] / 1e9:.3g} GB/s, storage {n['storage_bytes_per_s'] / 1e9:.3g} GB/s"]
 
 
 def _epochs_text(s: dict) -> str:
@@ -64,6 +79,12 @@ def _memory_text(m: dict) -> str:
     """The memory line of a schedule summary (:func:`solar.buffer.sizing.format_memory`)."""
     if "error" in m:
         return f"unknown ({m['error']})"
+    if m.get("per_node"):
+        return (f"{human_bytes(m['total'])} (pool {human_bytes(m['resident'])}, staging {human_bytes(m['staging'])}, "
+                f"reads in flight {human_bytes(m['ahead'])}, {m['ranks_per_node']} ranks' batches "
+                f"{human_bytes(m['batches'])}, bookkeeping {human_bytes(m['bookkeeping'])}; planned for "
+                f"{human_bytes(m['limit'])}" + (f", staging over it by {human_bytes(m['over_limit'])}"
+                                                 if m["over_limit"] else "") + ")")
     from ..buffer.sizing import MemoryNeed, format_memory
     return format_memory(MemoryNeed(**{k: m[k] for k in ("resident", "staging", "batches", "bookkeeping", "limit",
                                                           "prefetch")}))

@@ -13,8 +13,8 @@ from .. import __version__
 from ..atomic import AtomicH5
 from ..scheduler.config import PlanConfig
 from ..scheduler.run import Demand, EpochPlan, PolicyResult
-from .format import (FORMAT, LIBVER, RANK_LISTS, RESUMED_VERSION, STATS, VERSION, array_digest, header_digest, id_dtype, put_text,
-                     source_paths)
+from .format import (FORMAT, LIBVER, NODE_LISTS, NODE_PEERS, NODE_VERSION, RANK_LISTS, RESUMED_VERSION, STATS, VERSION,
+                     array_digest, header_digest, id_dtype, put_text, source_paths)
 from .pack import csr_rank_major, samples_rank_major, split_rows
 from .stored_layout import write_layout
 
@@ -35,14 +35,19 @@ class ScheduleWriter:
     ``window`` > 0: an open-ended job whose first ``window`` (= ``cfg.epochs``) epochs are written.
     ``resume``: a job resumed on another world size (format version 5, header attribute ``resume``:
     ``{"step": first step trained, "from": the checkpointed job's loader state}``).
+    ``nodes``: a node-pool plan (format version 6): ``(NodeMap, PeerCost)``; its epochs are
+    :class:`~solar.scheduler.node_plan.NodeEpochPlan` s.
     """
 
     def __init__(self, path: Optional[str], demand: Demand, cfg: PlanConfig, policy: str, steps_per_epoch: int,
                  source: str = "", flush_bytes: int = 256 << 20, layout=None, window: int = 0,
-                 resume: Optional[dict] = None):
+                 resume: Optional[dict] = None, nodes=None):
         self.path, self.cfg, self.S, self.window = path, cfg, steps_per_epoch, int(window)
         self.resume = resume
-        self.version = VERSION if resume is None else RESUMED_VERSION
+        self.nodes, self.cost = nodes if nodes is not None else (None, None)
+        if self.nodes is not None and (resume is not None or self.window):
+            raise ValueError("a node-pool plan is neither resumed nor open-ended")
+        self.version = NODE_VERSION if self.nodes is not None else VERSION if resume is None else RESUMED_VERSION
         self.P, self.E = cfg.world_size, cfg.epochs
         self.idt = id_dtype(demand.n_samples, demand.n_blocks)
         self.flush_bytes = flush_bytes
@@ -73,6 +78,9 @@ class ScheduleWriter:
             put_text(a, k, v)
         if self.resume is not None:
             put_text(a, "resume", json.dumps(self.resume, sort_keys=True))
+        if self.nodes is not None:
+            put_text(a, "nodes", json.dumps({"ranks_per_node": self.nodes.ranks_per_node, **self.cost.to_dict()},
+                                            sort_keys=True))
         a["version"], a["n_samples"], a["n_blocks"] = self.version, demand.n_samples, demand.n_blocks
         a["steps_per_epoch"], a["complete"] = steps_per_epoch, 0
         a["open_ended"], a["window"] = int(self.window > 0), self.window  # window > 0: the first window of K epochs
@@ -88,29 +96,47 @@ class ScheduleWriter:
         ids_chunk = int(min(1 << 18, max(1024, per_rank // 8)))
         cnt_chunk = int(min(1 << 16, max(64, self.S * self.E)))
         self.hash: List[Dict[str, "hashlib._Hash"]] = []
+        # groups written to: /ranks/<r> (r < P), then for a node plan /nodes/<n> (entry P + n)
         ranks = self.f.create_group("ranks")
+        node_plan = self.nodes is not None
         for r in range(self.P):
-            rg = ranks.create_group(str(r))
-            d, h = {}, {}
-            for name in RANK_LISTS:
-                d[name] = rg.create_dataset(name, shape=(0,), maxshape=(None,), dtype=self.idt,
-                                            chunks=(ids_chunk,), track_times=False)
-                d[name + "_count"] = rg.create_dataset(name + "_count", shape=(0,), maxshape=(None,), dtype="<i4",
-                                                       chunks=(cnt_chunk,), track_times=False)
-            d["stats"] = rg.create_dataset("stats", shape=(0, len(STATS)), maxshape=(None, len(STATS)),
-                                           dtype="<i8", chunks=(cnt_chunk, len(STATS)), track_times=False)
-            for name in d:
-                h[name] = hashlib.sha256()
-            self.ds.append(d)
-            self.hash.append(h)
-        self.pending: List[Dict[str, List[np.ndarray]]] = [{k: [] for k in self.ds[0]} for _ in range(self.P)]
+            lists = ("samples",) if node_plan else RANK_LISTS
+            self._group(ranks.create_group(str(r)), lists, (), len(STATS) if not node_plan else 0, ids_chunk,
+                        cnt_chunk)
+        if node_plan:
+            from ..scheduler.node_plan import NODE_STATS
+            nodes = self.f.create_group("nodes")
+            for n in range(self.nodes.n_nodes):
+                self._group(nodes.create_group(str(n)), NODE_LISTS, tuple(NODE_PEERS.values()), len(NODE_STATS),
+                            ids_chunk, cnt_chunk)
+        self.pending: List[Dict[str, List[np.ndarray]]] = [{k: [] for k in d} for d in self.ds]
         self.pending_bytes = 0
         self.epochs_written = 0
         self._check()
 
+    def _group(self, g, lists, peers, n_stats: int, ids_chunk: int, cnt_chunk: int):
+        """Empty appendable datasets in ``g``: an id list and an int32 ``_count`` per name of ``lists``,
+        int32 lists ``peers``, and ``stats`` int64[*, n_stats] (none when 0); a running sha256 each."""
+        d = {}
+        for name in lists:
+            d[name] = g.create_dataset(name, shape=(0,), maxshape=(None,), dtype=self.idt, chunks=(ids_chunk,),
+                                       track_times=False)
+            d[name + "_count"] = g.create_dataset(name + "_count", shape=(0,), maxshape=(None,), dtype="<i4",
+                                                  chunks=(cnt_chunk,), track_times=False)
+        for name in peers:
+            d[name] = g.create_dataset(name, shape=(0,), maxshape=(None,), dtype="<i4", chunks=(ids_chunk,),
+                                       track_times=False)
+        if n_stats:
+            d["stats"] = g.create_dataset("stats", shape=(0, n_stats), maxshape=(None, n_stats), dtype="<i8",
+                                          chunks=(cnt_chunk, n_stats), track_times=False)
+        self.ds.append(d)
+        self.hash.append({name: hashlib.sha256() for name in d})
+
     # ---------------------------------------------------------------- epochs
     def add_epoch(self, ep: EpochPlan):
         """Append one epoch (its load/evict lists must have been recorded)."""
+        if self.nodes is not None:
+            return self._add_node_epoch(ep)
         if ep.load is None:
             raise ValueError("the epoch plan was not recorded (run_policy(record=True))")
         P, S = self.P, self.S
@@ -132,12 +158,43 @@ class ScheduleWriter:
         if self.pending_bytes >= self.flush_bytes:
             self.flush()
 
+    def _add_node_epoch(self, ep):
+        """Append one epoch of a node-pool plan (a recorded NodeEpochPlan): each rank's samples, each
+        node's pool, staging and transfer lists."""
+        if ep.load is None:
+            raise ValueError("the node epoch plan was not recorded (record=True)")
+        P, S, Q = self.P, self.S, self.nodes.n_nodes
+        if ep.bounds.shape[0] - 1 != S or ep.count.shape != (S, P) or ep.stats.shape[:2] != (S, Q):
+            raise ValueError(f"node epoch plan has shape {ep.count.shape}, expected ({S}, {P})")
+        samples, scount = samples_rank_major(ep.indices, ep.bounds, ep.rank_of, P)  # int64[T], int64[P, S]
+        starts = split_rows(scount)  # int64[P+1]
+        for r in range(P):
+            self._queue(r, "samples", samples[starts[r]:starts[r + 1]].astype(self.idt))
+            self._queue(r, "samples_count", scount[r].astype("<i4"))
+        for name in ("load", "evict", "stage"):
+            arr, cnt = csr_rank_major(getattr(ep, name + "_ptr"), getattr(ep, name), S, Q)  # node-major
+            starts = split_rows(cnt)  # int64[Q+1]
+            for n in range(Q):
+                self._queue(P + n, name, arr[starts[n]:starts[n + 1]].astype(self.idt))
+                self._queue(P + n, name + "_count", cnt[n].astype("<i4"))
+        step = np.repeat(np.arange(S, dtype=np.int64), np.diff(ep.xfer_ptr))  # (X,) step of each transfer
+        for n in range(Q):
+            for name, mine, other in (("send", ep.xfer_src, ep.xfer_dst), ("recv", ep.xfer_dst, ep.xfer_src)):
+                sel = np.flatnonzero(mine == n)  # the plan's order (MPI matches a pair's messages in order)
+                self._queue(P + n, name, ep.xfer_block[sel].astype(self.idt))
+                self._queue(P + n, NODE_PEERS[name], other[sel].astype("<i4"))
+                self._queue(P + n, name + "_count", np.bincount(step[sel], minlength=S).astype("<i4"))
+            self._queue(P + n, "stats", np.ascontiguousarray(ep.stats[:, n, :], dtype="<i8"))  # (S, 10)
+        self.epochs_written += 1
+        if self.pending_bytes >= self.flush_bytes:
+            self.flush()
+
     def _queue(self, r: int, name: str, arr: np.ndarray):
         self.pending[r][name].append(arr)
         self.pending_bytes += arr.nbytes
 
     def flush(self):
-        for r in range(self.P):
+        for r in range(len(self.ds)):
             for name, parts in self.pending[r].items():
                 if not parts:
                     continue
@@ -162,7 +219,7 @@ class ScheduleWriter:
         if self.epochs_written != self.E:
             raise ValueError(f"{self.epochs_written} epochs written, the job has {self.E}")
         self.flush()
-        for r in range(self.P):
+        for r in range(len(self.ds)):
             for name, ds in self.ds[r].items():
                 put_text(ds.attrs, "sha256", self.hash[r][name].hexdigest())
         g = self.f.create_group("epochs")
@@ -170,7 +227,10 @@ class ScheduleWriter:
         for name in ("hit_bytes", "miss_bytes", "stored_bytes", "demand_bytes", "max_local_batch",
                      "min_local_batch"):
             _put(g, name, np.asarray(getattr(result, name), dtype="<i8"))
-        _put(g, "rank_miss_bytes", np.asarray(result.rank_miss_bytes, dtype="<i8").reshape(self.E, self.P))
+        per = self.P if self.nodes is None else self.nodes.n_nodes  # a node plan's misses are per node
+        _put(g, "rank_miss_bytes", np.asarray(result.rank_miss_bytes, dtype="<i8").reshape(self.E, per))
+        if self.nodes is not None:
+            _put(g, "peer_bytes", np.asarray(result.peer_bytes, dtype="<i8").reshape(self.E))
         put_text(self.f.attrs, "header_sha256", header_digest(self.f.attrs, self.version))
         self.f.attrs["complete"] = 1
         if self.out is None:

@@ -117,6 +117,16 @@ class NodePlan:
     def n_steps(self) -> int:
         return int(self.xfer_ptr.shape[0] - 1)
 
+    @property
+    def n_transfers(self) -> int:
+        """Blocks sent between nodes over the job."""
+        return int(self.xfer_block.shape[0])
+
+    def identity(self) -> tuple:
+        """What every rank of a job running this plan must agree on (compared by the runtime)."""
+        return (self.policy, self.nodes.world_size, self.nodes.ranks_per_node, self.n_steps,
+                int(self.load.shape[0]), self.n_transfers)
+
     def rank(self, r: int) -> Dict[str, np.ndarray]:
         """Rank r's samples per step: ``{"samples": int64[*], "samples_ptr": int64[G+1]}``."""
         P, G = self.nodes.world_size, self.n_steps
