@@ -283,3 +283,15 @@ def test_bench_on_two_test_nodes_reads_what_the_plan_says(well_dir, tmp_path):
         assert ep["peer_bytes_sent"] == ep["peer_bytes_received"] == ep["predicted_peer_bytes"]
         assert ep["verified"] > 0
     assert sum(ep["peer_bytes_sent"] for ep in s["epochs"]) > 0
+
+
+def test_a_node_job_resumes_on_other_ranks_with_per_rank_buffers(node_file, well_dir):
+    with Schedule.load(node_file) as s:
+        state = {"fingerprint": s.fingerprint, "world_size": 4, "config": s.config.to_dict(), "policy": s.policy,
+                 "step": s.steps_per_epoch + 1, "open_ended": False}
+        old_batches = [np.sort(np.concatenate([s.batch(1, k, r) for r in range(4)])) for k in range(2, 4)]
+    r = plan(well_dir, resume_from=state, world_size=2, buffer_fraction=0.5)
+    with r:
+        assert r.version == 5 and r.policy == "solar" and r.nodes is None and r.local_batch == 4
+        for k, want in zip(range(2, 4), old_batches):  # the same global batches as the node job would train
+            assert np.array_equal(np.sort(np.concatenate([r.batch(1, k, q) for q in range(2)])), want)

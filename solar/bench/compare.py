@@ -99,8 +99,8 @@ def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float
                                          peer_bytes_received=sum(x[14] for x in per_rank),
                                          peer_blocks_sent=sum(x[15] for x in per_rank),
                                          predicted_peer_bytes=int(predicted["peer_bytes"][e]))
-        out["pool_bytes_per_rank"] = comm.allreduce(loader.buffer.pools.capacity_bytes if loader.buffer else 0,
-                                                    op=_max())
+        out["pool_bytes_per_node" if nodes else "pool_bytes_per_rank"] = comm.allreduce(
+            loader.buffer.pools.capacity_bytes if loader.buffer else 0, op=_max())  # a node plan's: the node's window
         out["buffer_budget_per_rank"] = loader.schedule.buffer_bytes  # the planner's residency budget
         # the memory the plan needs, of the rank (node) that needs most (solar.buffer.sizing), next to the RSS growth
         needs = comm.allgather(loader.memory.to_dict())
@@ -418,9 +418,10 @@ def format_report(r: dict) -> str:
                      f"{dec['filtered_fraction']:.0%} of the stored bytes are filtered)")
     if "solar" in r:
         s = r["solar"]
+        pools = f"pools {human_bytes(s['pool_bytes_per_rank'])}" if "pool_bytes_per_rank" in s else \
+            f"pools {human_bytes(s['pool_bytes_per_node'])} per node, shared"
         lines.append(f"solar: reader {s['reader']}, buffer {human_bytes(s['buffer_budget_per_rank'])} per rank "
-                     f"(pools {human_bytes(s['pool_bytes_per_rank'])}), RSS growth {human_bytes(s['rss_growth_bytes_max_rank'])}"
-                     f" on the largest rank")
+                     f"({pools}), RSS growth {human_bytes(s['rss_growth_bytes_max_rank'])} on the largest rank")
         if "ranks_per_node" in s:
             lines.append(f"solar node plan: {s['policy']}, {s['ranks_per_node']} ranks per node sharing one buffer; "
                          f"node memory {human_bytes(s['memory_need_per_node']['total'])} on the largest node")

@@ -123,7 +123,9 @@ def _plan_resumed(data, state, *, world_size: int, local_batch, epochs, buffer_p
         raise SpecError(f"window={window!r}: a resumed job is planned for a fixed number of epochs")
     if isinstance(state, (str, os.PathLike)):
         state = read_state(state)
-    elastic.check_state(state)  # before the layout is built: a bad state fails fast
+    old = elastic.check_state(state)  # before the layout is built: a bad state fails fast
+    if policy is None and get_policy(old["policy"]).node_pools:  # a node job resumes with one buffer per rank
+        policy = "solar"
     data, demand, source = _inputs(data, out, progress, split, fields)
     job = elastic.resume_job(state, demand.n_samples, demand.fingerprint, world_size=world_size,
                              local_batch=local_batch, epochs=epochs, seed=seed, drop_last=drop_last,

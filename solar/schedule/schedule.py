@@ -473,16 +473,16 @@ class Schedule:
         e = self._epochs
         hit_rate = [float(1.0 - m / d) if d else 0.0 for m, d in zip(e["miss_bytes"], e["demand_bytes"])]
         first = self.start_step // self.steps_per_epoch  # the first epoch trained (a resumed job's: cold)
-        m, d = e["miss_bytes"][first + 1:], e["demand_bytes"][first + 1:]
-        if m.size == 0:
-            m, d = e["miss_bytes"][first:], e["demand_bytes"][first:]
+        steady_epochs = slice(first + 1 if self.epochs > first + 1 else first, None)  # after the cold one, if any
+        m, d = e["miss_bytes"][steady_epochs], e["demand_bytes"][steady_epochs]
         steady = float(1.0 - m.sum() / d.sum()) if d.sum() else 0.0
         return {"hit_bytes": e["hit_bytes"].tolist(), "miss_bytes": e["miss_bytes"].tolist(),
                 "storage_bytes": e["stored_bytes"].tolist(), "demand_bytes": e["demand_bytes"].tolist(),
                 "hit_rate": hit_rate, "steady_hit_rate": steady,
                 "max_local_batch": e["max_local_batch"].tolist(), "min_local_batch": e["min_local_batch"].tolist(),
                 **({"rank_miss_bytes": e["rank_miss_bytes"].tolist()} if self.nodes is None else
-                   {"node_miss_bytes": e["rank_miss_bytes"].tolist(), "peer_bytes": e["peer_bytes"].tolist()})}
+                   {"node_miss_bytes": e["rank_miss_bytes"].tolist(), "peer_bytes": e["peer_bytes"].tolist(),
+                    "steady_peer_hit_rate": float(e["peer_bytes"][steady_epochs].sum() / d.sum()) if d.sum() else 0.0})}
 
     def summary(self) -> dict:
         from ..buffer.sizing import schedule_memory_summary

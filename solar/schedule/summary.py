@@ -30,7 +30,8 @@ def format_schedule(s: dict) -> str:
     who = "node" if s.get("nodes") else "rank"
     per_rank = [sum(col) for col in zip(*s[f"{who}_miss_bytes"])]
     imb = max(per_rank) / (sum(per_rank) / len(per_rank)) if sum(per_rank) else 1.0
-    lines.append(f"  predicted: steady-state hit rate {s['steady_hit_rate']:.3f}, {human_bytes(tot)} read from "
+    peer = f" (of it {s['steady_peer_hit_rate']:.3f} sent by other nodes)" if s.get("nodes") else ""
+    lines.append(f"  predicted: steady-state hit rate {s['steady_hit_rate']:.3f}{peer}, {human_bytes(tot)} read from "
                  f"storage in all, busiest {who} reads x{imb:.2f} the mean")
     m = s.get("memory_per_rank")
     if m:
