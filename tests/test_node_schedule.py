@@ -295,3 +295,38 @@ def test_a_node_job_resumes_on_other_ranks_with_per_rank_buffers(node_file, well
         assert r.version == 5 and r.policy == "solar" and r.nodes is None and r.local_batch == 4
         for k, want in zip(range(2, 4), old_batches):  # the same global batches as the node job would train
             assert np.array_equal(np.sort(np.concatenate([r.batch(1, k, q) for q in range(2)])), want)
+
+
+@pytest.mark.mpi
+def test_loader_on_a_node_plan_resumes_mid_epoch_with_the_same_batches(comm, well_mpi, tmp_path_factory):
+    from solar import SolarLoader
+    P = comm.size
+    folder = str(tmp_path_factory.mktemp("nr")) if comm.rank == 0 else None
+    path = on_root(comm, lambda: plan(well_mpi, world_size=P, local_batch=2, epochs=2, buffer_fraction=min(0.5, 0.125 * P),
+                                      ranks_per_node=P, policy="solar-node",
+                                      out=os.path.join(folder, "p.h5")).close() or os.path.join(folder, "p.h5"))
+    kw = dict(comm=comm if P > 1 else None, as_torch=False)
+
+    def take(loader, n=None):
+        out = []
+        for e in loader.epoch_range():
+            loader.set_epoch(e)
+            for batch in loader:
+                out.append({k: v.copy() for k, v in batch.items() if isinstance(v, np.ndarray)})
+                if n is not None and len(out) == n:
+                    return out
+        return out
+    with SolarLoader(path, **kw) as loader:
+        whole = take(loader)
+        S = len(loader)
+    with SolarLoader(path, **kw) as loader:
+        first = take(loader, S + 3)  # into epoch 1
+        state = loader.state_dict()
+    with SolarLoader(path, **kw) as loader:
+        loader.load_state_dict(state)
+        assert loader.epoch == 1
+        rest = take(loader)
+    got = first + rest
+    assert len(got) == len(whole)
+    for a, b in zip(got, whole):
+        assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
