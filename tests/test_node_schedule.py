@@ -330,3 +330,42 @@ def test_loader_on_a_node_plan_resumes_mid_epoch_with_the_same_batches(comm, wel
     assert len(got) == len(whole)
     for a, b in zip(got, whole):
         assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+@pytest.fixture(scope="module")
+def small_presets(tmp_path_factory):
+    from helpers import STORAGES
+    root = tmp_path_factory.mktemp("nodemem")
+    return {(p, s): load_layout(make_dataset(root, p, s)) for p in ("ptychonn", "well", "cosmoflow")
+            for s in STORAGES}
+
+
+def test_node_plans_fit_their_memory_staging_included(small_presets):
+    """A node's pool, staging area (staged and received blocks of a step), its ranks' batches and bookkeeping
+    stay within the memory its ranks' budgets make (no allowance on top: the whole reserve comes out of the
+    budget), on every preset x storage with random jobs (fixed seed)."""
+    from unittest import mock
+    import solar.buffer.sizing as sz
+    rng = np.random.default_rng(7)
+    checked = 0
+    for (p, s), lay in sorted(small_presets.items()):
+        keep = sz.bookkeeping_bytes(lay.n_samples, lay.block_nbytes.shape[0], lay.sample_blocks.shape[0])
+        per_sample = sz.demand_batch_bytes(lay.sample_ptr, lay.sample_blocks, lay.block_nbytes, 1)
+        for _ in range(2):
+            b, frac, L = int(rng.integers(1, 4)), float(rng.uniform(0.1, 1.2)), int(rng.choice([2, 4]))
+            P = L * int(rng.integers(1, 3))
+            budget = int(frac * lay.block_nbytes.sum() / P) + sz.reserve_bytes(sz.batch_bytes(lay, 2 * b), keep) \
+                + 2 * b * per_sample
+            policy = str(rng.choice(["solar-peer", "solar-node"]))
+            with mock.patch.object(sz, "PLAN_ALLOWANCE", 0):
+                sched = plan(lay, world_size=P, local_batch=b, epochs=3, buffer_per_rank=budget, ranks_per_node=L,
+                             policy=policy)
+                with sched:
+                    for n in range(P // L):
+                        m = sz.schedule_node_memory(sched, n, lay)
+                        assert m.resident <= L * sched.buffer_bytes
+                        assert m.resident + m.staging + m.batches + m.bookkeeping <= m.limit, (p, s, policy, m)
+                        # the runtime keeps 8 more bytes per block than the planner counts (staging slots)
+                        assert m.limit <= L * (budget + 8 * lay.block_nbytes.shape[0])
+                        checked += 1
+    assert checked >= 30
