@@ -139,8 +139,34 @@ def test_receives_nobody_sends_are_refused(node_file):
     with Schedule.load(node_file) as s:
         n = next(k for k in range(2) if s.node_plan(2 * k).node(k)["recv"].shape[0])
     rewrite(node_file, f"nodes/{n}/recv", lambda a: np.roll(a, 1) if np.unique(a).size > 1 else (a + 1) % 7)
-    with Schedule.load(node_file) as s, pytest.raises(ScheduleError, match=f"node {n}'s receives from node"):
+    with Schedule.load(node_file) as s, pytest.raises(ScheduleError, match=f"sends node {n} .* first differ"):
         s.node_plan(2 * n)
+
+
+def test_a_send_nobody_receives_is_refused_by_the_sender(node_file):
+    """The receiver's lists lose every block from the sender (checksums kept): the sender's ranks refuse
+    the file (the receiver no longer names the sender; a send never received would block the sender)."""
+    with Schedule.load(node_file) as s:
+        n = next(k for k in range(2) if s.node_plan(2 * k).node(k)["recv"].shape[0])
+        lists = s.node_plan(2 * n).node(n)
+    m = 1 - n
+    keep = lists["recv_from"] != m
+    step = np.repeat(np.arange(lists["recv_ptr"].shape[0] - 1), np.diff(lists["recv_ptr"]))
+    rewrite(node_file, f"nodes/{n}/recv", lambda a: a[keep])
+    rewrite(node_file, f"nodes/{n}/recv_from", lambda a: a[keep])
+    rewrite(node_file, f"nodes/{n}/recv_count", lambda a: np.bincount(step[keep], minlength=a.shape[0]).astype(a.dtype))
+    with Schedule.load(node_file) as s, pytest.raises(ScheduleError, match=f"node {m} sends node {n} .* receives 0"):
+        s.node_plan(2 * m)
+
+
+def test_a_staging_area_bigger_than_the_step_is_refused(node_file):
+    """Staged blocks the node's samples do not use at that step (a huge list would size a huge window)."""
+    with Schedule.load(node_file) as s:
+        B = s.n_blocks
+    rewrite(node_file, "nodes/0/stage", lambda a: np.concatenate([np.arange(B, dtype=a.dtype), a]))
+    rewrite(node_file, "nodes/0/stage_count", lambda a: np.concatenate([[a[0] + B], a[1:]]).astype(a.dtype))
+    with Schedule.load(node_file) as s, pytest.raises(ScheduleError, match="node 0 stages or receives .* at step 0"):
+        s.node_plan(0)
 
 
 def test_a_node_pool_over_its_budget_is_refused(node_file):
@@ -369,3 +395,22 @@ def test_node_plans_fit_their_memory_staging_included(small_presets):
                         assert m.limit <= L * (budget + 8 * lay.block_nbytes.shape[0])
                         checked += 1
     assert checked >= 30
+
+
+@pytest.mark.mpi
+def test_ranks_with_different_prefetch_are_refused_on_every_rank(comm, well_mpi, tmp_path_factory):
+    """The slots of the shared window depend on prefetch: ranks that disagree would use each other's
+    slots, so every rank raises (none waits for the others)."""
+    from solar import SolarLoader
+    from solar.buffer import NodeBufferError
+    P = comm.size
+    if P < 2:
+        pytest.skip("needs ranks that share a node")
+    folder = str(tmp_path_factory.mktemp("np")) if comm.rank == 0 else None
+    path = on_root(comm, lambda: plan(well_mpi, world_size=P, local_batch=2, epochs=1, buffer_fraction=0.5,
+                                      ranks_per_node=P, out=os.path.join(folder, "p.h5")).close()
+                   or os.path.join(folder, "p.h5"))
+    with SolarLoader(path, comm=comm, prefetch=1 + comm.rank, abort_on_error=False) as loader:
+        with pytest.raises(NodeBufferError, match="rank 1 runs prefetch = 2, rank 0 1"):
+            next(iter(loader))
+    comm.Barrier()

@@ -90,6 +90,16 @@ class NodeTotals(BufferTotals):
             setattr(self, k, getattr(self, k) + getattr(s, k))
 
 
+def _same(keys: list, names: tuple, first: int = 0) -> None:
+    """NodeBufferError (the same on every rank that gathered ``keys``) naming the first field in which a
+    rank's key differs from the first one's; ``first``: the job rank of ``keys[0]``."""
+    for j, k in enumerate(keys):
+        if k != keys[0]:
+            i = next(i for i in range(len(k)) if k[i] != keys[0][i])
+            raise NodeBufferError(f"rank {first + j} runs {names[i]} = {k[i]!r}, rank {first} {keys[0][i]!r}: every "
+                                  f"rank must pass the same plan, range, prefetch, io_depth and batch size")
+
+
 def step_blocks(sample_ptr: np.ndarray, sample_blocks: np.ndarray, samples: np.ndarray) -> np.ndarray:
     """int64[m] ascending: the distinct blocks of ``samples`` (their CSR rows gathered)."""
     lo, hi = sample_ptr[samples], sample_ptr[samples + 1]
@@ -240,12 +250,16 @@ class NodeBufferManager(StepQueue):
         window, the transfer communicator."""
         comm = self.comm
         if comm is not None and comm.Get_size() > 1:
-            key = (self.start, self.stop, self.plan.identity(), self.read_split)
-            keys = comm.allgather(key)
-            if any(k != keys[0] for k in keys):
-                bad = next(r for r, k in enumerate(keys) if k != keys[0])
-                raise NodeBufferError(f"rank {bad} runs (start, stop, plan, read split) = "
-                                      f"{keys[bad]}, rank 0 {keys[0]}: every rank must pass the same plan and range")
+            # everything the shared slot layout depends on (ranks of a node that computed different slots would
+            # read and write each other's blocks): the same on every rank, then the slots on every rank of a node
+            key = (self.start, self.stop, self.plan.identity(), self.read_split, self.prefetch, self.io_depth,
+                   int(self.memory.batches))
+            keys = comm.allgather((key, (tuple(int(x) for x in self.slots2), int(self.memory.window))))
+            # every rank reaches the same verdict from the same list: all raise, or none
+            _same([k for k, _ in keys], ("start", "stop", "plan", "read_split", "prefetch", "io_depth", "batch bytes"))
+            for n in range(self.nodes.n_nodes):
+                ranks = self.nodes.ranks_of(n)
+                _same([keys[r][1] for r in ranks], ("slots", "window bytes"), ranks[0])
             self.ncomm = node_comm(comm, self.node)
             if self.transfers:
                 self.xcomm = comm.Dup()

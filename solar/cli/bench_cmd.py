@@ -111,11 +111,13 @@ def run(args) -> int:
     from ..errors import SpecError
     from ..mpi import abort_on_error
     from ..scheduler.nodes import DEFAULT_NETWORK_BPS, DEFAULT_STORAGE_BPS, PeerCost
-    if args.ranks_per_node is None and (args.policy or args.network_bandwidth or args.storage_bandwidth):
+    given = [x is not None for x in (args.policy, args.network_bandwidth, args.storage_bandwidth)]
+    if args.ranks_per_node is None and any(given):
         raise SpecError("--policy, --network-bandwidth and --storage-bandwidth need --ranks-per-node (a node plan)")
     cost = None
-    if args.network_bandwidth or args.storage_bandwidth:
-        cost = PeerCost(args.network_bandwidth or DEFAULT_NETWORK_BPS, args.storage_bandwidth or DEFAULT_STORAGE_BPS)
+    if given[1] or given[2]:
+        cost = PeerCost(DEFAULT_NETWORK_BPS if args.network_bandwidth is None else args.network_bandwidth,
+                        DEFAULT_STORAGE_BPS if args.storage_bandwidth is None else args.storage_bandwidth)
     comm = MPI.COMM_WORLD
     guard = abort_on_error(comm, prefix="solar bench") if args.abort_on_error else contextlib.nullcontext()
     with guard:

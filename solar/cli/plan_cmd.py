@@ -104,11 +104,14 @@ def run(args) -> int:
     elif args.window is not None or epochs == "auto":
         raise SpecError("--resume-from plans a fixed number of epochs: give --epochs N (the job's total), not "
                         "--epochs auto or --window")
+    if args.ranks_per_node is not None and epochs == "auto":
+        raise SpecError("--ranks-per-node needs --epochs N: node plans are planned for a fixed number of epochs")
     cost = None
     if args.network_bandwidth is not None or args.storage_bandwidth is not None:
         if args.ranks_per_node is None:
             raise SpecError("--network-bandwidth and --storage-bandwidth need --ranks-per-node (node-shared buffers)")
-        cost = PeerCost(args.network_bandwidth or DEFAULT_NETWORK_BPS, args.storage_bandwidth or DEFAULT_STORAGE_BPS)
+        cost = PeerCost(DEFAULT_NETWORK_BPS if args.network_bandwidth is None else args.network_bandwidth,
+                        DEFAULT_STORAGE_BPS if args.storage_bandwidth is None else args.storage_bandwidth)
     s = plan(args.spec, world_size=args.world_size, local_batch=args.local_batch, epochs=epochs,
              buffer_per_rank=args.buffer_per_rank, buffer_fraction=args.buffer_fraction, seed=args.seed,
              drop_last=args.drop_last, epsilon=args.epsilon, policy=args.policy, out=args.output,

@@ -21,7 +21,7 @@ from ..buffer import BufferManager, batch_bytes, rank_memory
 from ..buffer.sizing import DEFAULT_PREFETCH, max_local_batch
 from ..errors import SolarError, SpecError
 from ..mpi import agree
-from ..schedule import Schedule
+from ..schedule import Schedule, ScheduleError
 from .assemble import BatchAssembler
 from .extend import WindowPlanner
 from .hooks import BatchHooks, EpochLog, bind_layout
@@ -130,6 +130,12 @@ class SolarLoader:
         except Exception as exc:  # noqa: BLE001 - raised on every rank by agree
             err = exc
         agree(comm, err)
+        if comm is not None and comm.Get_size() > 1:  # every rank on the same plan before collectives that follow it
+            heads = comm.allgather(self.schedule.header_sha256)
+            if any(h != heads[0] for h in heads):
+                bad = next(r for r, h in enumerate(heads) if h != heads[0])
+                raise ScheduleError(f"rank {bad} opened another schedule than rank 0 (header {heads[bad][:12]} vs "
+                                    f"{heads[0][:12]}): every rank must run the same plan")
         if stored:  # the stored layout against the files: one rank of comm checks, every rank gets the verdict
             from ..schedule.verify import verify_data as verify
             verify(self.schedule, self.layout, verify_data, comm, verify_scope)

@@ -144,18 +144,45 @@ def parse_nodes(text: str, cfg: PlanConfig, policy: str):
         raise Damaged(f"attribute nodes: {exc}") from None
 
 
-def check_transfers(node: int, recv: np.ndarray, recv_from: np.ndarray, recv_count: np.ndarray, sent: dict):
-    """What node ``node`` receives at each step from each node equals, in order, what that node sends it
-    (``sent``: sender -> ``(send, send_to, send_count)`` of its file lists): a receive nobody sends would
-    wait forever."""
-    G = recv_count.shape[0]
-    step_r = np.repeat(np.arange(G, dtype=np.int64), recv_count)
-    for m, (blk, to, cnt) in sent.items():
-        step_s = np.repeat(np.arange(G, dtype=np.int64), cnt)
-        mine = to == node
-        got = recv_from == m
-        if not (np.array_equal(step_s[mine], step_r[got]) and np.array_equal(blk[mine], recv[got])):
-            raise Damaged(f"node {node}'s receives from node {m} are not what node {m} sends it")
+def _pairs(blocks: np.ndarray, other: np.ndarray, count: np.ndarray, peer: int):
+    """``(steps, blocks)`` of the transfers of one node's list (``blocks`` with the other node of each in
+    ``other``, ``count`` int32[G] per step) that go to or come from node ``peer``, in the list's order."""
+    step = np.repeat(np.arange(count.shape[0], dtype=np.int64), count)
+    sel = other == peer
+    return step[sel], np.asarray(blocks, np.int64)[sel]
+
+
+def check_transfers(node: int, mine: dict, others: dict):
+    """Between node ``node`` (its lists ``mine``) and each node it sends to or receives from (``others``:
+    node -> its ``send``/``send_to``/``send_count`` and ``recv``/``recv_from``/``recv_count``): what one sends
+    the other at each step is, in order, what the other receives from it.  A send nobody receives, or a
+    receive nobody sends, would leave a rank waiting forever."""
+    for m, d in sorted(others.items()):
+        for a, b, src, dst in ((d, mine, m, node), (mine, d, node, m)):
+            s_step, s_blk = _pairs(a["send"], a["send_to"], a["send_count"], dst)
+            r_step, r_blk = _pairs(b["recv"], b["recv_from"], b["recv_count"], src)
+            if s_step.shape != r_step.shape or not (np.array_equal(s_step, r_step) and np.array_equal(s_blk, r_blk)):
+                k = next((i for i in range(min(s_step.shape[0], r_step.shape[0]))
+                          if s_step[i] != r_step[i] or s_blk[i] != r_blk[i]), min(s_step.shape[0], r_step.shape[0]))
+                at = (f"step {int(s_step[k]) if k < s_step.shape[0] else int(r_step[k])}"
+                      if k < max(s_step.shape[0], r_step.shape[0]) else "the end")
+                raise Damaged(f"node {src} sends node {dst} {s_step.shape[0]} blocks, node {dst} receives "
+                              f"{r_step.shape[0]} from it; the lists first differ at {at}")
+
+
+def check_staging(node: int, lists: dict, step_bytes: np.ndarray, block_nbytes: np.ndarray):
+    """Each step's staged and received blocks of node ``node`` hold no more bytes than its ranks' samples of
+    that step use (``step_bytes`` int64[G]): the staging area (sized from these lists) stays batch-sized."""
+    G = step_bytes.shape[0]
+    got = np.zeros(G, dtype=np.int64)
+    for name in ("stage", "recv"):
+        step = np.repeat(np.arange(G, dtype=np.int64), lists[name + "_count"])
+        np.add.at(got, step, block_nbytes[np.asarray(lists[name], np.int64)])
+    over = np.flatnonzero(got > step_bytes)
+    if over.size:
+        g = int(over[0])
+        raise Damaged(f"node {node} stages or receives {int(got[g]):,} bytes at step {g}, more than the "
+                      f"{int(step_bytes[g]):,} bytes its ranks' samples use then")
 
 
 # ------------------------------------------------------------------- arrays

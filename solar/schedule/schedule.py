@@ -113,6 +113,7 @@ class Schedule:
         ints = {k: checks.attr_int(a, k) for k in ("n_samples", "n_blocks", "steps_per_epoch")}
         if header_digest(a, self.version) != texts["header_sha256"]:
             raise ScheduleError(f"{self.path}: header checksum mismatch: the file is damaged")
+        self.header_sha256 = texts["header_sha256"]  # the same on every rank reading the same plan
         self.config = checks.parse_config(texts["config"])
         self.policy, self.fingerprint = texts["policy"], texts["fingerprint"]
         self.solar_version, self.source_rel = texts["solar_version"], texts["source"]
@@ -404,13 +405,26 @@ class Schedule:
         out = self._node_lists(n, NODE_LISTS + ("stats",))
         checks.check_replay(n, out["load"], out["load_count"], out["evict"], out["evict_count"], block_nbytes,
                             self.nodes.ranks_per_node * self.buffer_bytes, what="node")
-        senders = np.unique(out["recv_from"])
-        sent = {}
-        for m in senders.tolist():
-            d = self._node_lists(int(m), ("send",))
-            sent[int(m)] = (d["send"], d["send_to"], d["send_count"])
-        checks.check_transfers(n, out["recv"], out["recv_from"], out["recv_count"], sent)
+        partners = np.union1d(out["recv_from"], out["send_to"]).tolist()
+        checks.check_transfers(n, out, {int(m): self._node_lists(int(m), ("send", "recv")) for m in partners})
+        checks.check_staging(n, out, self._node_step_bytes(n, block_nbytes), block_nbytes)
         return out
+
+    def _node_step_bytes(self, n: int, block_nbytes: np.ndarray) -> np.ndarray:
+        """int64[G]: decoded bytes of the blocks node ``n``'s ranks' samples use at each step (an upper bound
+        of what the node stages and receives then)."""
+        d = self.demand()
+        csum = np.concatenate(([0], np.cumsum(block_nbytes[np.asarray(d["sample_blocks"], np.int64)])))
+        sample_bytes = csum[d["sample_ptr"][1:]] - csum[d["sample_ptr"][:-1]]  # int64[N]
+        G, total = self.n_steps, np.zeros(self.n_steps, dtype=np.int64)
+        for r in self.nodes.ranks_of(n):
+            base = f"ranks/{r}/"
+            cnt = self._read(base + "samples_count", "<i4", (G,))
+            checks.check_range(base + "samples_count", cnt, 0, 2**31)
+            smp = self._read(base + "samples", self.id_dtype, (int(cnt.sum(dtype=np.int64)),))
+            checks.check_range(base + "samples", smp, 0, self.n_samples)
+            np.add.at(total, np.repeat(np.arange(G, dtype=np.int64), cnt), sample_bytes[np.asarray(smp, np.int64)])
+        return total
 
     def batch(self, e: int, step: int, rank: int) -> np.ndarray:
         """Sample ids rank ``rank`` trains on at step ``step`` of epoch position ``e``."""
@@ -519,7 +533,7 @@ class NodeRankPlan:
         self._node = {k: v for k, v in node.items() if not k.endswith("_count")}
         for x in NODE_LISTS:
             self._node[x + "_ptr"] = _ptr(node[x + "_count"])
-        self._identity = (schedule.fingerprint, self.n_steps, checks.attr_str(schedule._f.attrs, "header_sha256"))
+        self._identity = (schedule.fingerprint, self.n_steps, schedule.header_sha256)
         #: transfers between nodes in the whole job (every rank sees the same number, whether or not its
         #: node takes part)
         self.n_transfers = n_transfers

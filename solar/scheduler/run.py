@@ -9,6 +9,7 @@ schedule writer streams to disk.
 from __future__ import annotations
 
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional
 
@@ -311,7 +312,11 @@ class PlanRun:
         self.peer_ok = self.cost.peer_ok(nb, stored_nb) if self.cost else None  # bool[units]
         self.planned = 0  # epoch positions planned so far
         self.first_step = 0  # step at which epoch position `planned` starts (> 0 only for position 0)
-        self.window = deque()  # indices of epoch positions planned .. planned + lookahead (those known)
+        self.window = deque()  # indices of epoch positions planned .. planned + lookahead + 1 (those known)
+        # the next epoch's next-use pass runs in a second thread while the engine plans this one (both
+        # release the GIL): it depends only on the permutations, never on the engine's state
+        self._last_bg = np.full(n_units, eg.INF, dtype=np.int64) if pol.next_use != "none" else None
+        self._next = None  # (epoch position, future of its (acc_ptr, nu)) computed ahead
 
     def source_epoch(self, pos: int) -> int:
         """The source epoch (seed offset) trained at epoch position ``pos``."""
@@ -356,35 +361,60 @@ class PlanRun:
         if progress:
             from tqdm import tqdm
             it = tqdm(it, desc=f"plan {self.pol.name}", unit="epoch", leave=False)
-        for e in it:
-            self._epoch(e, result, on_epoch)
-            self.planned = e + 1
-            self.first_step = 0
+        pool = ThreadPoolExecutor(1, thread_name_prefix="solar-plan-ahead") if int(stop) - self.planned > 1 else None
+        try:
+            for e in it:
+                self._epoch(e, result, on_epoch, pool if e + 1 < int(stop) else None)
+                self.planned = e + 1
+                self.first_step = 0
+        finally:
+            if pool is not None:
+                pool.shutdown(wait=True)
+            self._next = None
         return result
 
-    def _epoch(self, e: int, result: PolicyResult, on_epoch):
-        pol, S, sp, sb = self.pol, self.S, self.sp, self.sb
-        E = self._horizon()
-        window = self.window
-        if not window:
-            window.append(self._source(e))
-        while len(window) < self.lookahead + 1 and (E is None or e + len(window) < E):
-            window.append(self._source(e + len(window)))
-        idx = window[0]
-        future = list(window)[1:]
+    def _uses(self, e: int, idx: np.ndarray, future: list, last: np.ndarray, first_step: int):
+        """``(acc_ptr int64[T+1], nu int64[A])`` of epoch position ``e`` (global index ``idx``, the indices of
+        the epochs after it in ``future``): where each position's accesses start, and each access's next use
+        step.  ``last``: int64[units] scratch, INF on entry and on exit.  Pure in the permutations: no engine
+        state is read, so it may run while the engine plans the epoch before."""
+        pol, sp, sb = self.pol, self.sp, self.sb
         empty = np.zeros(0, dtype=np.int64)
         idx_f = future[0] if len(future) == 1 else (np.concatenate(future) if future else empty)
-        step0 = e * S
+        step0 = e * self.S
         counts = np.diff(sp)[idx]
         acc_ptr = np.zeros(self.total + 1, dtype=np.int64)
         np.cumsum(counts, out=acc_ptr[1:])
         nu = np.full(int(acc_ptr[-1]), eg.INF, dtype=np.int64)
         if pol.next_use == "node":
             next_use_nodes(idx, self.bounds, step0, idx_f, len(future), acc_ptr, self.cfg.world_size,
-                           self.nodes.ranks_per_node, sp, sb, self.last, nu)
+                           self.nodes.ranks_per_node, sp, sb, last, nu)
         elif pol.next_use != "none":
             eg.next_use(idx, self.bounds, step0, idx_f, len(future), acc_ptr, self.cfg.world_size,
-                        pol.next_use == "rank", sp, sb, self.last, nu, self.first_step)
+                        pol.next_use == "rank", sp, sb, last, nu, first_step)
+        return acc_ptr, nu
+
+    def _epoch(self, e: int, result: PolicyResult, on_epoch, pool=None):
+        """Plan epoch position ``e``; with ``pool`` (an executor), start epoch e + 1's next-use pass in it first."""
+        pol, S = self.pol, self.S
+        E = self._horizon()
+        window = self.window
+        k = self.lookahead + 1  # indices this epoch's next uses see: its own and `lookahead` after it
+        want = k + (1 if pool is not None else 0)  # and, to compute ahead, those of epoch e + 1
+        if not window:
+            window.append(self._source(e))
+        while len(window) < want and (E is None or e + len(window) < E):
+            window.append(self._source(e + len(window)))
+        ahead = list(window)
+        idx, future = ahead[0], ahead[1:k]
+        if self._next is not None and self._next[0] == e:
+            acc_ptr, nu = self._next[1].result()
+        else:
+            acc_ptr, nu = self._uses(e, idx, future, self.last, self.first_step)
+        self._next = None
+        if pool is not None and len(ahead) > 1:
+            self._next = (e + 1, pool.submit(self._uses, e + 1, ahead[1], ahead[2:k + 1], self._last_bg, 0))
+        step0 = e * S
         if pol.node_pools:
             node_epoch(self, e, idx, acc_ptr, nu, step0, result, on_epoch)
         else:
