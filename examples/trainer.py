@@ -186,6 +186,9 @@ class SolarSource:
         if schedule.nodes is not None:  # a node plan (solar plan --ranks-per-node): the node's ranks share a buffer
             from mpi4py import MPI
             comm = MPI.COMM_WORLD
+            if comm.Get_size() != schedule.world_size:
+                fail(f"{plan_path} is a node plan (ranks of a node share one buffer through MPI): run the job "
+                     f"under mpiexec or srun with {schedule.world_size} MPI ranks ({comm.Get_size()} here)")
         self.loader = SolarLoader(schedule, data, comm=comm, rank=rank, pin_memory=pin_memory)
         self.steps_per_epoch = len(self.loader)
         self.epochs = self.loader.epochs

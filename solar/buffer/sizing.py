@@ -249,7 +249,8 @@ def schedule_memory(schedule, rank: int, layout=None, prefetch: int = DEFAULT_PR
                        io_depth=io_depth)[0]
 
 
-def schedule_node_memory(schedule, node: int, layout=None, prefetch: int = DEFAULT_PREFETCH, io_depth: int = 4):
+def schedule_node_memory(schedule, node: int, layout=None, prefetch: int = DEFAULT_PREFETCH, io_depth: int = 4,
+                         keep: bool = True):
     """:class:`~solar.buffer.node_pools.NodeMemory` of node ``node`` of a node plan (format version 6)
     running with ``prefetch`` queued batches per rank; batches sized as in :func:`schedule_memory`."""
     from .node_pools import plan_node_memory
@@ -260,7 +261,7 @@ def schedule_node_memory(schedule, node: int, layout=None, prefetch: int = DEFAU
     batch = batch_bytes(layout, n) if layout is not None else demand_batch_bytes(
         d["sample_ptr"], d["sample_blocks"], d["block_nbytes"], n)
     L = schedule.nodes.ranks_per_node
-    lists = schedule.node_plan(node * L).node(node)
+    lists = schedule.node_plan(node * L, keep=keep).node(node)
     return plan_node_memory(lists, d["block_nbytes"], np.shape(d["sample_ptr"])[0] - 1, np.shape(d["sample_blocks"])[0],
                             L=L, budget=schedule.buffer_bytes, batch=batch, prefetch=prefetch, io_depth=io_depth)[0]
 
@@ -280,7 +281,7 @@ def schedule_memory_summary(schedule) -> dict:
     try:  # the layout decoded once; one rank's slice in memory at a time
         layout = schedule.layout() if getattr(schedule, "has_layout", False) else None
         if getattr(schedule, "nodes", None) is not None:  # a node plan: the node that needs most
-            needs = [schedule_node_memory(schedule, n, layout) for n in range(schedule.nodes.n_nodes)]
+            needs = [schedule_node_memory(schedule, n, layout, keep=False) for n in range(schedule.nodes.n_nodes)]
             return dict(max(needs, key=lambda m: m.total).to_dict(), per_node=True,
                         ranks_per_node=schedule.nodes.ranks_per_node)
         needs = [schedule_memory(schedule, r, layout, keep=False) for r in range(schedule.world_size)]

@@ -349,10 +349,11 @@ class Schedule:
         return arrays
 
     # ----------------------------------------------------------------- nodes
-    def node_plan(self, r: int) -> "NodeRankPlan":
+    def node_plan(self, r: int, keep: bool = True) -> "NodeRankPlan":
         """Of a node plan: what rank ``r`` needs to run it (its samples, its node's lists), read once and
         verified like :meth:`rank` (ids in range, the replay of the node's pool within L x the budget,
-        the receives against the senders' lists, samples against DistributedSampler's batches)."""
+        the receives against the senders' lists, samples against DistributedSampler's batches).
+        ``keep=False``: not kept after the call (a pass over every node holds one at a time)."""
         r = self._check_rank(r)
         if self.nodes is None:
             raise ScheduleError(f"{self.path}: not a node plan (policy {self.policy}, one buffer per rank): read it "
@@ -363,8 +364,11 @@ class Schedule:
             with self._reading(f"ranks/{r} and its node"):
                 n_transfers = sum(int(self._read(f"nodes/{n}/send_count", "<i4", (self.n_steps,)).sum(dtype=np.int64))
                                   for n in range(self.nodes.n_nodes))
-                self._ranks[key] = NodeRankPlan(self, r, self._read_samples(r), self._read_node(
+                out = NodeRankPlan(self, r, self._read_samples(r), self._read_node(
                     r // self.nodes.ranks_per_node, demand["block_nbytes"]), n_transfers)
+            if not keep:
+                return out
+            self._ranks[key] = out
         return self._ranks[key]
 
     def _read_samples(self, r: int) -> Dict[str, np.ndarray]:
