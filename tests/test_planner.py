@@ -192,3 +192,24 @@ def test_nopfs_sees_the_whole_future():
     full = run_policy(d, cfg, "nopfs").steady_hit_rate
     assert full > 1.3 * one, (one, full)
     assert run_policy(d, cfg, "solar").steady_hit_rate > 1.5 * full
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.one_of(st.integers(0, 40), st.integers(41, 200_000)),
+       seed=st.one_of(st.integers(0, 10), st.integers(0, 2**64 - 1)))
+def test_randperm_is_torchs_bit_for_bit(n, seed):
+    """solar's randperm (no torch import) equals torch.randperm with a generator seeded alike."""
+    import torch
+    from solar.scheduler.sampler import randperm
+    g = torch.Generator()
+    g.manual_seed(seed)
+    assert np.array_equal(randperm(n, seed), torch.randperm(n, generator=g).numpy())
+
+
+def test_randperm_crosses_its_draw_chunks(monkeypatch):
+    import torch
+    import solar.scheduler.sampler as sm
+    monkeypatch.setattr(sm, "_CHUNK", 7)  # many chunks: the generator's stream continues across them
+    g = torch.Generator()
+    g.manual_seed(42)
+    assert np.array_equal(sm.randperm(1000, 42), torch.randperm(1000, generator=g).numpy())
