@@ -33,6 +33,8 @@ from solar.layout import LayoutSpec, build_layout, load_layout
 BACKENDS = [(name, {}) for name in sorted(READERS)] + [
     ("pread", {"threads": 1, "coalesce": False}),
     ("pread", {"threads": 2, "max_gap": 0, "max_read": 3000}),  # cuts runs of blocks into several reads
+    ("pread", {"direct_io": True}),  # O_DIRECT through an aligned bounce buffer
+    ("pread", {"direct_io": True, "threads": 1, "max_gap": 0, "max_read": 3000}),
     ("mpiio", {"collective": False, "threads": 1}),
 ]
 
@@ -395,3 +397,44 @@ def test_read_stats_add():
     assert b == ReadStats(3, 15, 3, 0.75) and a == ReadStats(1, 10, 2, 0.5)
     a += b
     assert a == ReadStats(4, 25, 5, 1.25)
+
+
+def test_direct_io_where_the_file_system_has_none_is_one_line(tmp_path, monkeypatch):
+    """A file system without O_DIRECT (open fails with EINVAL): a DecodeError naming the file and the option."""
+    import errno
+    import os
+    from solar.errors import DecodeError
+    from solar.io.pread_reader import open_fd
+    if not hasattr(os, "O_DIRECT"):
+        pytest.skip("no O_DIRECT here")
+    path = str(tmp_path / "x.bin")
+    open(path, "wb").close()
+    real = os.open
+
+    def no_direct(p, flags, *a):
+        if flags & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real(p, flags, *a)
+    monkeypatch.setattr(os, "open", no_direct)
+    with pytest.raises(DecodeError, match=r"cannot open .*x\.bin with O_DIRECT: .*direct_io=False"):
+        open_fd([path], False, 0, direct=True)
+    os.close(open_fd([path], False, 0, direct=False))  # without it the file opens
+
+
+def test_direct_io_reads_a_file_whose_end_is_not_aligned(tmp_path):
+    """The last block of a file ends before the aligned window does: the short read at the end of the
+    file is the data, not an error."""
+    import os
+    from solar.io.pread_reader import DIRECT_ALIGN, open_fd, pread_direct
+    path = str(tmp_path / "tail.bin")
+    data = np.random.default_rng(0).integers(0, 256, 3 * DIRECT_ALIGN + 123, dtype=np.uint8)
+    data.tofile(path)
+    fd = open_fd([path], False, 0, direct=True)
+    try:
+        import mmap
+        buf = memoryview(mmap.mmap(-1, 4 * DIRECT_ALIGN))
+        got = pread_direct(fd, buf, 2 * DIRECT_ALIGN, DIRECT_ALIGN + 123)
+        assert got == DIRECT_ALIGN + 123
+        assert bytes(buf[:got]) == data[2 * DIRECT_ALIGN:].tobytes()
+    finally:
+        os.close(fd)

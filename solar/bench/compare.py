@@ -29,7 +29,7 @@ def rss_bytes() -> int:
 
 def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float = 0.0, drop_cache=None,
               reader: Optional[str] = None, threads: int = 16, prefetch: int = DEFAULT_PREFETCH, progress: bool = False,
-              abort_on_error: bool = True) -> dict:
+              abort_on_error: bool = True, reader_options: Optional[dict] = None) -> dict:
     """Time SolarLoader epoch by epoch, measured as the baseline is (drop, barrier, timed loop).
 
     ``abort_on_error``: passed to SolarLoader (an error on one rank aborts the job)."""
@@ -39,8 +39,8 @@ def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float
     from .baseline import _verify
     rss0 = rss_bytes()
     loader = SolarLoader(schedule_path, layout, comm=comm, reader=reader, threads=threads, prefetch=prefetch,
-                         as_torch=True, epoch_fence=True, abort_on_error=abort_on_error)
-    out = {"reader": loader.reader_name, "epochs": []}
+                         as_torch=True, epoch_fence=True, abort_on_error=abort_on_error, reader_options=reader_options)
+    out = {"reader": loader.reader_name, "reader_options": dict(reader_options or {}), "epochs": []}
     nodes = loader.nodes is not None  # a node plan: transfers between nodes are counted too
     predicted = loader.schedule.predicted()
     peak_rss = rss0
@@ -218,7 +218,8 @@ def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fra
           schedule: Optional[str] = None, loaders=("solar", "baseline"), baselines=None, equal_memory: bool = False,
           memory_allowance: Optional[int] = None, disk_depth: int = 16, progress: bool = False,
           abort_on_error: bool = True, baseline_time_limit: Optional[float] = BASELINE_TIME_LIMIT,
-          ranks_per_node: Optional[int] = None, policy: Optional[str] = None, peer_cost=None) -> dict:
+          ranks_per_node: Optional[int] = None, policy: Optional[str] = None, peer_cost=None,
+          reader_options: Optional[dict] = None) -> dict:
     """Run the comparison; returns the report (the same on every rank).
 
     ``loaders``: ``"solar"`` and/or ``"baseline"`` (every baseline in ``baselines``,
@@ -230,6 +231,7 @@ def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fra
     each worker checks that it is inside (a forkserver this process started earlier would not be).
     ``disk_depth``: random reads in flight for the disk's limit.
     ``abort_on_error=False``: SolarLoader leaves an error on one rank to the caller (no MPI abort).
+    ``reader_options``: passed to solar's reader (e.g. ``{"direct_io": True}``).
     ``ranks_per_node``/``policy``/``peer_cost``: solar runs a node plan (:func:`solar.plan`'s arguments;
     a test topology may put several planned nodes on one machine); its epochs then report the peer
     bytes moved next to the plan's.  Every solar epoch checks :data:`VERIFY` delivered samples per rank
@@ -302,7 +304,7 @@ def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fra
                      local_batch=local_batch, seed=seed, step_time=step_time, drop=drop, reader=reader,
                      threads=threads, prefetch=prefetch, num_workers=num_workers, progress=progress,
                      abort_on_error=abort_on_error, loaders=loaders, baselines=baselines, budget=budget,
-                     time_limit=baseline_time_limit)
+                     time_limit=baseline_time_limit, reader_options=reader_options)
     finally:
         if cg is not None:
             _leave_cgroup(cg, back, node)
@@ -317,7 +319,7 @@ def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fra
 
 def _run_loaders(report, spec, layout, schedule, *, comm, node, cg, epochs, local_batch, seed, step_time, drop,
                  reader, threads, prefetch, num_workers, progress, abort_on_error, loaders, baselines, budget,
-                 time_limit=None):
+                 time_limit=None, reader_options=None):
     """Run solar and each baseline in turn, filling ``report["solar"]``, ``["baselines"]``, ``["baseline"]``."""
     import functools
 
@@ -327,7 +329,7 @@ def _run_loaders(report, spec, layout, schedule, *, comm, node, cg, epochs, loca
         _reset_peak(cg, node)
         report["solar"] = run_solar(schedule, layout, comm=comm, epochs=epochs, step_time=step_time,
                                     drop_cache=drop, reader=reader, threads=threads, prefetch=prefetch,
-                                    progress=progress, abort_on_error=abort_on_error)
+                                    progress=progress, abort_on_error=abort_on_error, reader_options=reader_options)
         report["solar"]["memory_peak_bytes"] = _peak(cg, node, comm)
     if "baseline" not in loaders:
         return

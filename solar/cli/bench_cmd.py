@@ -62,6 +62,8 @@ def add_parser(sub):
                         "(marked partial; default 120; 0: whole epochs)")
     p.add_argument("--reader", help="solar reader backend (default: chosen for the layout and file system)")
     p.add_argument("--threads", type=int, default=16, help="solar reader threads per rank (I/O depth)")
+    p.add_argument("--reader-options", type=_json_dict, metavar="JSON",
+                   help="options of solar's reader as a JSON object, e.g. '{\"direct_io\": true}' (pread: O_DIRECT)")
     p.add_argument("--prefetch", type=int, default=DEFAULT_PREFETCH,
                    help=f"assembled batches waiting ahead of the training loop (default {DEFAULT_PREFETCH}; reads run up to 4 steps further)")
     p.add_argument("--schedule", help="schedule file to write (default: next to the data)")
@@ -86,6 +88,17 @@ def add_parser(sub):
                    help="do not MPI_Abort every rank when one fails (the default does, so none waits forever)")
     p.set_defaults(run=run)
     return p
+
+
+def _json_dict(text: str) -> dict:
+    """``--reader-options``: a JSON object."""
+    try:
+        val = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON ({exc}): {text!r}") from None
+    if not isinstance(val, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object like '{{\"direct_io\": true}}', got {text!r}")
+    return val
 
 
 def _baselines(text: str) -> tuple:
@@ -131,7 +144,7 @@ def run(args) -> int:
                     memory_allowance=args.memory_allowance, disk_depth=args.disk_depth,
                     progress=sys.stderr.isatty() and comm.rank == 0, abort_on_error=args.abort_on_error,
                     baseline_time_limit=args.baseline_time_limit or None, ranks_per_node=args.ranks_per_node,
-                    policy=args.policy, peer_cost=cost)
+                    policy=args.policy, peer_cost=cost, reader_options=args.reader_options)
     if comm.rank == 0:
         print(json.dumps(rep, indent=2) if args.json else format_report(rep))
     return 0

@@ -18,6 +18,13 @@ so a call costs at most ``threads`` hand-offs however many ranges it reads, and 
 read delays only its own worker.  The pool's ``threads`` are the I/O depth and bound the
 scratch memory (one buffer of at most ``max_read`` bytes per thread).
 
+``direct_io=True`` (off by default) opens the files with ``O_DIRECT``: every range is read, rounded
+out to :data:`DIRECT_ALIGN`, into a page-aligned per-thread bounce buffer (HDF5 places data at
+unaligned offsets, so reads cannot land in the caller's arrays), then copied or decoded from there.
+Nothing goes through the page cache, so ``drop_cache`` has nothing to do; the kernel's share of a read
+is about halved (measured: docs/runtime.md).  A file system without direct I/O (tmpfs) gives a
+one-line error naming the file.
+
 Page cache (``drop_cache``, default on): once a call's bytes are in the caller's
 arrays, ``posix_fadvise(POSIX_FADV_DONTNEED)`` asks the kernel to drop the file's
 pages around each range read (rounded out to ``DROP_ALIGN``: the kernel drops only
@@ -132,19 +139,56 @@ def preadv_full(fd: int, buffers: list, offset: int, *, retries: int = READ_RETR
     return done, calls
 
 
-def open_fd(files, readahead: bool, file: int) -> int:
-    """A new read-only descriptor of ``files[file]`` (``POSIX_FADV_RANDOM`` unless ``readahead``);
-    DecodeError if it cannot be opened, except EMFILE/ENFILE (OSError: the file cache handles those)."""
+#: offsets, lengths and buffer addresses of ``O_DIRECT`` reads are multiples of this
+DIRECT_ALIGN = 4096
+
+
+def open_fd(files, readahead: bool, file: int, direct: bool = False) -> int:
+    """A new read-only descriptor of ``files[file]`` (``POSIX_FADV_RANDOM`` unless ``readahead``; ``O_DIRECT``
+    with ``direct``); DecodeError if it cannot be opened, except EMFILE/ENFILE (OSError: the file cache
+    handles those)."""
     path = files[file]
+    flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | (os.O_DIRECT if direct else 0)
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path, flags)
     except OSError as exc:
         if exc.errno in (errno.EMFILE, errno.ENFILE):
             raise
+        if direct and exc.errno == errno.EINVAL:
+            raise DecodeError(f"cannot open {path} with O_DIRECT: its file system does not support direct I/O "
+                              f"(reader option direct_io=False)") from None
         raise DecodeError(f"cannot open {path}: {exc.strerror}") from None
-    if not readahead:
+    if not readahead and not direct:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
     return fd
+
+
+def pread_direct(fd: int, buf: memoryview, offset: int, need: int, *, retries: int = READ_RETRIES) -> int:
+    """``O_DIRECT`` reads into ``buf`` (page aligned, a multiple of :data:`DIRECT_ALIGN` long) from the aligned
+    ``offset`` until ``need`` bytes are in or the file ends; returns the bytes read.  A partial read goes on
+    from its aligned part; transient errors (EINTR, EAGAIN, EIO) are retried as :func:`preadv_full` does."""
+    done = failures = 0
+    while done < need:
+        try:
+            n = os.preadv(fd, [buf[done:]], offset + done)
+        except OSError as exc:
+            if exc.errno not in TRANSIENT_ERRNOS or failures >= retries:
+                raise
+            n = -1
+        if n <= 0:
+            if n == 0 or failures >= retries:
+                break  # end of file
+            time.sleep(RETRY_BACKOFF_S * 2 ** failures)
+            failures += 1
+            continue
+        if done + n >= need:
+            return done + n
+        if n % DIRECT_ALIGN:  # short of the file's end: keep the aligned part, read on from there
+            n -= n % DIRECT_ALIGN
+            if n == 0:
+                break
+        done += n
+    return done
 
 
 def max_open_option(value, reader: str) -> int:
@@ -173,7 +217,7 @@ class PreadReader(BlockReader):
     needs_raw = True
     OPTIONS: ClassVar[dict] = {"coalesce": True, "max_gap": CoalescePolicy.max_gap,
                                "max_read": CoalescePolicy.max_read, "drop_cache": True, "readahead": False,
-                               "max_open": None}
+                               "max_open": None, "direct_io": False}
 
     @classmethod
     def available(cls):
@@ -185,13 +229,16 @@ class PreadReader(BlockReader):
         super().__init__(layout, comm=comm, threads=threads, **options)
         o = self.options
         self.policy = CoalescePolicy(o["max_gap"], o["max_read"], o["coalesce"])
-        for name in ("drop_cache", "readahead"):
+        for name in ("drop_cache", "readahead", "direct_io"):
             if not isinstance(o[name], bool):
                 raise SpecError(f"reader 'pread' option {name} must be True or False, got {o[name]!r}")
-        self.drop_cache = o["drop_cache"] and hasattr(os, "posix_fadvise")
+        if o["direct_io"] and not hasattr(os, "O_DIRECT"):
+            raise SpecError("reader 'pread' option direct_io=True needs O_DIRECT, which this platform lacks")
+        self.direct = o["direct_io"]
+        self.drop_cache = o["drop_cache"] and hasattr(os, "posix_fadvise") and not self.direct
         self.readahead = o["readahead"] or not hasattr(os, "posix_fadvise")
         # the opener holds no reference to the reader (no cycle: a dropped reader is freed at once)
-        self._files = FileCache(partial(open_fd, layout.files, self.readahead), os.close,
+        self._files = FileCache(partial(open_fd, layout.files, self.readahead, direct=self.direct), os.close,
                                 max_open_option(o["max_open"], self.name))
         self._pool = None
         self._pool_lock = threading.Lock()
@@ -227,6 +274,14 @@ class PreadReader(BlockReader):
         if buf is None or len(buf) < nbytes:
             buf = self._local.buf = bytearray(max(nbytes, 1 << 16))
         return memoryview(buf)[:nbytes]
+
+    def _bounce(self, nbytes: int) -> memoryview:
+        """This thread's page-aligned buffer for ``O_DIRECT`` reads, at least ``nbytes`` long."""
+        buf = getattr(self._local, "direct", None)
+        if buf is None or len(buf) < nbytes:
+            import mmap
+            buf = self._local.direct = mmap.mmap(-1, max(-(-nbytes // DIRECT_ALIGN) * DIRECT_ALIGN, 1 << 20))
+        return memoryview(buf)
 
     def close(self) -> None:
         if self._pool is not None and os.getpid() == self._pid:
@@ -328,6 +383,9 @@ class PreadReader(BlockReader):
         lay = self.layout
         file, start, length = int(plan.file[r]), int(plan.start[r]), int(plan.length[r])
         a, b = int(plan.ptr[r]), int(plan.ptr[r + 1])
+        if self.direct:
+            self._read_range_direct(plan, r, a, b, blocks, out)
+            return
         if plan.whole[r]:
             self._preadv(file, [out[int(plan.pos[a])]], start, length, blocks[plan.pos[a:b]], plan.rel[a:b])
             return
@@ -349,6 +407,33 @@ class PreadReader(BlockReader):
         for k in np.flatnonzero(~direct | overlap).tolist():
             lo = int(rel[k])
             deliver(lay, int(blocks[pos[k]]), scratch[lo:lo + int(stored[k])], out[int(pos[k])])
+
+    def _read_range_direct(self, plan: _ReadPlan, r: int, a: int, b: int, blocks, out) -> None:
+        """Range ``r`` with ``O_DIRECT``: one aligned read into the bounce buffer, then each block copied or
+        decoded from it into ``out``."""
+        lay = self.layout
+        file, start, length = int(plan.file[r]), int(plan.start[r]), int(plan.length[r])
+        lo = start - start % DIRECT_ALIGN  # aligned window [lo, hi) around [start, start + length)
+        hi = -(-(start + length) // DIRECT_ALIGN) * DIRECT_ALIGN
+        buf = self._bounce(hi - lo)
+        pos, rel, stored = plan.pos[a:b], plan.rel[a:b], plan.stored[a:b]
+        try:
+            with self._fd(file) as fd:
+                got = pread_direct(fd, buf[:hi - lo], lo, start + length - lo)
+        except OSError as exc:
+            tries = READ_RETRIES + 1 if exc.errno in TRANSIENT_ERRNOS else 1
+            raise DecodeError(f"reading {chunk_where(lay, int(blocks[pos[0]]))}: bytes [{start}, {start + length})"
+                              f" with O_DIRECT failed ({tries} tries): {exc.strerror or exc}") from None
+        if got < start + length - lo:
+            raise short_read_error(lay, blocks[pos], start + rel, lo + got)
+        skip = start - lo
+        for k in range(b - a):
+            x, n = skip + int(rel[k]), int(stored[k])
+            raw = np.frombuffer(buf, dtype=np.uint8, count=n, offset=x)
+            if plan.direct[a + k]:
+                out[int(pos[k])][:n] = raw
+            else:
+                deliver(lay, int(blocks[pos[k]]), raw, out[int(pos[k])])
 
     def _preadv(self, file: int, iov: list, start: int, length: int, blocks: np.ndarray, rel: np.ndarray) -> None:
         """``preadv_full`` of file ``file`` (its descriptor pinned meanwhile) with the reader's errors:
