@@ -124,3 +124,13 @@ def test_inspect_reports_memory_per_rank(datasets, tmp_path):
     out = subprocess.run([sys.executable, "-m", "solar", "inspect", path], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert "memory per rank:" in out.stdout and "2 + 1 batches" in out.stdout
+
+
+def test_memory_of_every_rank_keeps_no_slice(tmp_path):
+    """schedule_memory(keep=False) (what `solar inspect` runs over every rank) leaves no rank slice cached."""
+    layout = solar.load_layout(make_dataset(tmp_path, "ptychonn"))
+    with solar.plan(layout, world_size=2, local_batch=2, epochs=2, buffer_fraction=0.5) as s:
+        sz.schedule_memory(s, 1, layout, keep=False)
+        assert not s._ranks
+        sz.schedule_memory(s, 1, layout)
+        assert list(s._ranks) == [1]

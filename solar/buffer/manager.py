@@ -56,6 +56,18 @@ class StepStats:
     plan_violations: int = 0     # blocks the plan called hits that were not resident (read anyway)
 
 
+def step_blocks(sample_ptr: np.ndarray, sample_blocks: np.ndarray, samples: np.ndarray) -> np.ndarray:
+    """int64[m] ascending: the distinct blocks of ``samples`` (their CSR rows gathered)."""
+    lo, hi = sample_ptr[samples], sample_ptr[samples + 1]
+    counts = hi - lo
+    total = int(counts.sum())
+    if total == 0:
+        return np.zeros(0, np.int64)
+    run_start = np.cumsum(counts) - counts  # (n,) where each sample's run begins in the output
+    pos = np.arange(total, dtype=np.int64) + np.repeat(lo - run_start, counts)
+    return np.unique(sample_blocks[pos])
+
+
 class _Closed(Exception):
     """The consumer closed the buffer while the prefetch thread waited for room."""
 
@@ -286,15 +298,7 @@ class BufferManager(StepQueue):
                 for c, i, n in zip(cls.tolist(), slots.tolist(), nb)]
 
     def _step_blocks(self, samples: np.ndarray) -> np.ndarray:
-        """int64[m] ascending: the distinct blocks of ``samples`` (CSR rows gathered in numpy)."""
-        lo, hi = self.sample_ptr[samples], self.sample_ptr[samples + 1]
-        counts = hi - lo
-        total = int(counts.sum())
-        if total == 0:
-            return np.zeros(0, np.int64)
-        run_start = np.cumsum(counts) - counts  # (n,) where each sample's run begins in the output
-        pos = np.arange(total, dtype=np.int64) + np.repeat(lo - run_start, counts)
-        return np.unique(self.sample_blocks[pos])
+        return step_blocks(self.sample_ptr, self.sample_blocks, samples)
 
     def _book(self, g: int, io, inflight):
         sp = self.plan.step(g)

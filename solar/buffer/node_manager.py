@@ -46,7 +46,7 @@ from typing import Any, Callable, Deque, Dict, List, Optional
 import numpy as np
 
 from ..errors import SolarError
-from .manager import BufferTotals, StepBlocks, StepQueue, StepStats, _Closed
+from .manager import BufferTotals, StepBlocks, StepQueue, StepStats, _Closed, step_blocks
 from .node_pools import (DONE, FAILED, CLOSED, FLAG, READ, RECV, NodeBufferError, SharedPools, assign_slots,
                          check_node_memory, get_read_split, node_comm, plan_node_memory)
 from .sizing import DEFAULT_PREFETCH
@@ -98,18 +98,6 @@ def _same(keys: list, names: tuple, first: int = 0) -> None:
             i = next(i for i in range(len(k)) if k[i] != keys[0][i])
             raise NodeBufferError(f"rank {first + j} runs {names[i]} = {k[i]!r}, rank {first} {keys[0][i]!r}: every "
                                   f"rank must pass the same plan, range, prefetch, io_depth and batch size")
-
-
-def step_blocks(sample_ptr: np.ndarray, sample_blocks: np.ndarray, samples: np.ndarray) -> np.ndarray:
-    """int64[m] ascending: the distinct blocks of ``samples`` (their CSR rows gathered)."""
-    lo, hi = sample_ptr[samples], sample_ptr[samples + 1]
-    counts = hi - lo
-    total = int(counts.sum())
-    if total == 0:
-        return np.zeros(0, np.int64)
-    run_start = np.cumsum(counts) - counts  # (n,) where each sample's run begins in the output
-    pos = np.arange(total, dtype=np.int64) + np.repeat(lo - run_start, counts)
-    return np.unique(sample_blocks[pos])
 
 
 @dataclass

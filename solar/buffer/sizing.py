@@ -236,17 +236,23 @@ def schedule_memory(schedule, rank: int, layout=None, prefetch: int = DEFAULT_PR
     """:class:`MemoryNeed` of rank ``rank`` running ``schedule`` (a :class:`~solar.schedule.Schedule`)
     with ``prefetch`` queued batches; batches sized from ``layout`` (default: the layout the schedule
     stores, else bounded from its sample -> block map).  ``keep``: leave the rank's slice cached."""
+    d, batch = _schedule_batch(schedule, layout)
+    books = bookkeeping_bytes(np.shape(d["sample_ptr"])[0] - 1, np.shape(d["block_nbytes"])[0],
+                              np.shape(d["sample_blocks"])[0])
+    return memory_need(schedule.rank(rank, keep=keep), np.asarray(d["block_nbytes"], np.int64),
+                       residency_budget=schedule.buffer_bytes, batch=batch, bookkeeping=books, prefetch=prefetch,
+                       io_depth=io_depth)[0]
+
+
+def _schedule_batch(schedule, layout=None):
+    """``(demand, bytes of the largest local batch)`` of ``schedule``: batches sized from ``layout`` (default:
+    the layout the schedule stores), else bounded from its sample -> block map."""
     d = schedule.demand()
     if layout is None and getattr(schedule, "has_layout", False):
         layout = schedule.layout()
     n = max_local_batch(schedule.config)
-    batch = batch_bytes(layout, n) if layout is not None else demand_batch_bytes(
-        d["sample_ptr"], d["sample_blocks"], d["block_nbytes"], n)
-    keep = bookkeeping_bytes(np.shape(d["sample_ptr"])[0] - 1, np.shape(d["block_nbytes"])[0],
-                             np.shape(d["sample_blocks"])[0])
-    return memory_need(schedule.rank(rank, keep=keep), np.asarray(d["block_nbytes"], np.int64),
-                       residency_budget=schedule.buffer_bytes, batch=batch, bookkeeping=keep, prefetch=prefetch,
-                       io_depth=io_depth)[0]
+    return d, (batch_bytes(layout, n) if layout is not None else demand_batch_bytes(
+        d["sample_ptr"], d["sample_blocks"], d["block_nbytes"], n))
 
 
 def schedule_node_memory(schedule, node: int, layout=None, prefetch: int = DEFAULT_PREFETCH, io_depth: int = 4,
@@ -254,12 +260,7 @@ def schedule_node_memory(schedule, node: int, layout=None, prefetch: int = DEFAU
     """:class:`~solar.buffer.node_pools.NodeMemory` of node ``node`` of a node plan (format version 6)
     running with ``prefetch`` queued batches per rank; batches sized as in :func:`schedule_memory`."""
     from .node_pools import plan_node_memory
-    d = schedule.demand()
-    if layout is None and getattr(schedule, "has_layout", False):
-        layout = schedule.layout()
-    n = max_local_batch(schedule.config)
-    batch = batch_bytes(layout, n) if layout is not None else demand_batch_bytes(
-        d["sample_ptr"], d["sample_blocks"], d["block_nbytes"], n)
+    d, batch = _schedule_batch(schedule, layout)
     L = schedule.nodes.ranks_per_node
     lists = schedule.node_plan(node * L, keep=keep).node(node)
     return plan_node_memory(lists, d["block_nbytes"], np.shape(d["sample_ptr"])[0] - 1, np.shape(d["sample_blocks"])[0],

@@ -364,20 +364,23 @@ class Schedule:
             with self._reading(f"ranks/{r} and its node"):
                 n_transfers = sum(int(self._read(f"nodes/{n}/send_count", "<i4", (self.n_steps,)).sum(dtype=np.int64))
                                   for n in range(self.nodes.n_nodes))
-                out = NodeRankPlan(self, r, self._read_samples(r), self._read_node(
-                    r // self.nodes.ranks_per_node, demand["block_nbytes"]), n_transfers)
+                mine = self._read_samples(r)
+                out = NodeRankPlan(self, r, mine, self._read_node(
+                    r // self.nodes.ranks_per_node, demand["block_nbytes"], {r: mine}), n_transfers)
             if not keep:
                 return out
             self._ranks[key] = out
         return self._ranks[key]
 
-    def _read_samples(self, r: int) -> Dict[str, np.ndarray]:
+    def _read_samples(self, r: int, sampler: bool = True) -> Dict[str, np.ndarray]:
+        """``/ranks/<r>/samples`` and ``samples_count`` checked (with ``sampler`` and ``verify``: against
+        DistributedSampler's batches too)."""
         base, G = f"ranks/{r}/", self.n_steps
         cnt = self._read(base + "samples_count", "<i4", (G,))
         checks.check_range(base + "samples_count", cnt, 0, 2**31)
         samples = self._read(base + "samples", self.id_dtype, (int(cnt.sum(dtype=np.int64)),))
         checks.check_range(base + "samples", samples, 0, self.n_samples)
-        if self.verify:
+        if sampler and self.verify:
             checks.check_sampler(r, samples, cnt, self.n_samples, self.config, self.epoch_order)
         return {"samples": samples, "samples_count": cnt}
 
@@ -403,18 +406,19 @@ class Schedule:
                     raise checks.Damaged(f"node {n} has a transfer to or from itself")
         return out
 
-    def _read_node(self, n: int, block_nbytes: np.ndarray) -> Dict[str, np.ndarray]:
+    def _read_node(self, n: int, block_nbytes: np.ndarray, known: Dict[int, dict]) -> Dict[str, np.ndarray]:
         """``/nodes/<n>`` arrays, each checked before it is read and after; the pool replayed within the
-        node's budget, the receives against the other nodes' sends."""
+        node's budget, the transfers against the partners' lists, the staging against the node's samples
+        (``known``: ranks whose samples are already read)."""
         out = self._node_lists(n, NODE_LISTS + ("stats",))
         checks.check_replay(n, out["load"], out["load_count"], out["evict"], out["evict_count"], block_nbytes,
                             self.nodes.ranks_per_node * self.buffer_bytes, what="node")
         partners = np.union1d(out["recv_from"], out["send_to"]).tolist()
         checks.check_transfers(n, out, {int(m): self._node_lists(int(m), ("send", "recv")) for m in partners})
-        checks.check_staging(n, out, self._node_step_bytes(n, block_nbytes), block_nbytes)
+        checks.check_staging(n, out, self._node_step_bytes(n, block_nbytes, known), block_nbytes)
         return out
 
-    def _node_step_bytes(self, n: int, block_nbytes: np.ndarray) -> np.ndarray:
+    def _node_step_bytes(self, n: int, block_nbytes: np.ndarray, known: Dict[int, dict]) -> np.ndarray:
         """int64[G]: decoded bytes of the blocks node ``n``'s ranks' samples use at each step (an upper bound
         of what the node stages and receives then)."""
         d = self.demand()
@@ -422,12 +426,9 @@ class Schedule:
         sample_bytes = csum[d["sample_ptr"][1:]] - csum[d["sample_ptr"][:-1]]  # int64[N]
         G, total = self.n_steps, np.zeros(self.n_steps, dtype=np.int64)
         for r in self.nodes.ranks_of(n):
-            base = f"ranks/{r}/"
-            cnt = self._read(base + "samples_count", "<i4", (G,))
-            checks.check_range(base + "samples_count", cnt, 0, 2**31)
-            smp = self._read(base + "samples", self.id_dtype, (int(cnt.sum(dtype=np.int64)),))
-            checks.check_range(base + "samples", smp, 0, self.n_samples)
-            np.add.at(total, np.repeat(np.arange(G, dtype=np.int64), cnt), sample_bytes[np.asarray(smp, np.int64)])
+            rs = known[r] if r in known else self._read_samples(r, sampler=False)
+            step = np.repeat(np.arange(G, dtype=np.int64), rs["samples_count"])  # (n_r,) step of each sample
+            np.add.at(total, step, sample_bytes[np.asarray(rs["samples"], np.int64)])
         return total
 
     def batch(self, e: int, step: int, rank: int) -> np.ndarray:
