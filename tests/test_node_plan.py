@@ -230,6 +230,23 @@ def test_split_to_ranks_exact():
     assert rank.tolist() == [2, 0, 2, 2, 1, 3, 3, 0, 0, 1, 2, 3]
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 5), st.lists(st.integers(0, 20), min_size=1, max_size=12), st.integers(0, 99))
+def test_split_to_ranks_matches_its_definition(L, Q, sizes, seed):
+    """Each step's samples of node n go, in index order, to ranks n*L .. n*L+L-1: the first c % L ranks take
+    ceil(c/L), the others floor(c/L) (c: the node's samples at that step)."""
+    bounds = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
+    node_of = np.random.default_rng(seed).integers(0, Q, int(bounds[-1])).astype(np.int32)
+    rank = split_to_ranks(node_of, bounds, NodeMap(Q * L, L))
+    assert rank.dtype == np.int32
+    for k in range(len(sizes)):
+        for n in range(Q):
+            pos = [p for p in range(bounds[k], bounds[k + 1]) if node_of[p] == n]
+            c = len(pos)
+            want = [n * L + r for r in range(L) for _ in range(c // L + (1 if r < c % L else 0))]
+            assert rank[pos].tolist() == want
+
+
 def test_node_map_and_cost_validation():
     with pytest.raises(SpecError, match="ranks_per_node 3 does not divide world_size 8"):
         NodeMap(8, 3)

@@ -14,7 +14,7 @@ from .node_plan import NodeEpochPlan
 from .nodes import split_to_ranks
 
 
-def node_epoch(run, e: int, idx, acc_ptr, nu, step0: int, result, on_epoch):
+def node_epoch(run, e: int, idx, acc_ptr, nu, acc_blk, step0: int, result, on_epoch):
     """Plan epoch position ``e`` of ``run`` (a PlanRun of a node-pool policy) and record its results."""
     pol, cfg, nodes = run.pol, run.cfg, run.nodes
     Q, L, P, S = run.P_eng, nodes.ranks_per_node, cfg.world_size, run.S
@@ -36,18 +36,18 @@ def node_epoch(run, e: int, idx, acc_ptr, nu, step0: int, result, on_epoch):
     err[:] = 0
     n_stage = n_x = 0
     if pol.peer:
-        n_load, n_evict, n_stage, n_x = pe.run_epoch_peer(
-            idx, run.bounds, acc_ptr, nu, step0, Q, L, P, run.cap_lo, run.cap_hi, run.share, pol.mode, pol.evict,
-            run.budget, run.sp, run.sb, run.nb, run.stored_nb, run.unit_count, run.peer_ok, pol.next_use != "node",
+        n_load, n_evict, n_stage, n_x = pe.run_epoch_peer(  # accesses in position order: see PlanRun.positions
+            run.positions(), run.bounds, acc_ptr, nu, step0, Q, L, P, run.cap_lo, run.cap_hi, run.share, pol.mode,
+            pol.evict, run.budget, acc_ptr, acc_blk, run.nb, run.stored_nb, run.unit_count, run.peer_ok, pol.next_use != "node",
             run.keys,
             run.prio, run.used, run.hk, run.hbk, run.hn, run.res_bytes, run.owner, run.stamp, run.n_res, run.due,
             run.max_blocks_sample, node_of, st, record, load, load_ptr, evict, evict_ptr, stage, stage_ptr,
             x_src, x_dst, x_blk, x_ptr, err)
     else:
         rows = [st[pe.COUNT], st[pe.HITS], st[pe.HIT_BYTES], st[pe.MISS], st[pe.MISS_BYTES], st[pe.STORED]]
-        n_load, n_evict = eg.run_epoch(
-            idx, run.bounds, acc_ptr, nu, step0, Q, run.cap_lo, run.cap_hi, run.share, pol.mode, pol.evict,
-            run.budget, run.boundary_steps, run.sp, run.sb, run.nb, run.stored_nb, run.unit_count, run.keys,
+        n_load, n_evict = eg.run_epoch(  # accesses in position order: see PlanRun.positions
+            run.positions(), run.bounds, acc_ptr, nu, step0, Q, run.cap_lo, run.cap_hi, run.share, pol.mode,
+            pol.evict, run.budget, run.boundary_steps, acc_ptr, acc_blk, run.nb, run.stored_nb, run.unit_count, run.keys,
             run.prio, run.used, run.hk, run.hbk, run.hn, run.res_bytes, run.owner, run.stamp, run.n_res, node_of,
             *rows, record, load, load_ptr, evict, evict_ptr, err, run.due, run.max_blocks_sample)
         if err[0] == eg.TOO_SMALL:

@@ -18,6 +18,7 @@ import math
 import numbers
 from dataclasses import dataclass
 
+import numba as nb
 import numpy as np
 
 from ..errors import SpecError
@@ -101,22 +102,31 @@ def split_to_ranks(node_of_pos: np.ndarray, bounds: np.ndarray, nodes: NodeMap) 
     that took c samples with ``L*lo <= c <= L*hi`` gives each rank ``floor(c/L)`` or ``ceil(c/L)``
     samples, both within ``[lo, hi]``: node-level count bounds give rank-level ones.
     """
-    L, Q = nodes.ranks_per_node, nodes.n_nodes
-    node_of_pos = np.asarray(node_of_pos, dtype=np.int64)
-    T = node_of_pos.shape[0]
+    L = nodes.ranks_per_node
+    node_of_pos = np.asarray(node_of_pos)
     if L == 1:
         return node_of_pos.astype(np.int32)
-    S = bounds.shape[0] - 1
-    step = np.repeat(np.arange(S, dtype=np.int64), np.diff(bounds))  # (T,) step of each position
-    key = step * Q + node_of_pos  # (T,) (step, node) group of each position
-    order = np.argsort(key, kind="stable")  # (T,) positions grouped by (step, node), index order inside
-    cnt = np.bincount(key, minlength=S * Q)  # (S*Q,) samples of each (step, node)
-    start = np.cumsum(cnt) - cnt  # (S*Q,)
-    j = np.arange(T, dtype=np.int64) - start[key[order]]  # (T,) rank of the position inside its group
-    c = cnt[key[order]]
-    q, rem = c // L, c % L
-    big = rem * (q + 1)  # positions taken by the first `rem` ranks (q + 1 each)
-    local = np.where(j < big, j // np.maximum(q + 1, 1), rem + (j - big) // np.maximum(q, 1))
-    rank = np.empty(T, dtype=np.int32)
-    rank[order] = (node_of_pos[order] * L + local).astype(np.int32)
+    rank = np.empty(node_of_pos.shape[0], dtype=np.int32)
+    _split_steps(node_of_pos, np.asarray(bounds, dtype=np.int64), nodes.n_nodes, L, rank)
     return rank
+
+
+@nb.njit(cache=True, nogil=True)
+def _split_steps(node_of_pos, bounds, Q, L, rank):
+    """split_to_ranks' loop: one pass over each step's positions to count each node's samples, one to give
+    each its rank (a single O(T) pass over the epoch in order; a sort of (step, node) keys took 0.2 s per
+    epoch at 1M samples)."""
+    cnt = np.zeros(Q, np.int64)
+    seen = np.zeros(Q, np.int64)
+    for k in range(bounds.shape[0] - 1):
+        cnt[:] = 0
+        seen[:] = 0
+        for p in range(bounds[k], bounds[k + 1]):
+            cnt[node_of_pos[p]] += 1
+        for p in range(bounds[k], bounds[k + 1]):
+            n = node_of_pos[p]
+            j = seen[n]  # rank of the position among its node's samples of the step, index order
+            seen[n] = j + 1
+            q, rem = cnt[n] // L, cnt[n] % L
+            big = rem * (q + 1)  # positions taken by the first `rem` ranks (q + 1 each)
+            rank[p] = n * L + (j // (q + 1) if j < big else rem + (j - big) // max(q, 1))

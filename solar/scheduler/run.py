@@ -158,6 +158,31 @@ def _next_pow2(x: int) -> int:
     return 1 << max(4, int(x - 1).bit_length())
 
 
+_TABLE_ROW = np.array([eg.EMPTY, 0, -1, 0], dtype=np.int64)  # an empty entry: (key, priority, last use, pad)
+
+
+def _table(t: Optional[np.ndarray], tsize: int):
+    """The engine's hash table, emptied: ``t`` (int64[tsize, 4], allocated when None) and its three int64[tsize]
+    column views ``(keys, prio, used)``: an entry's key, priority and last use share a cache line (one memory
+    miss per probe, not three; the table is far larger than the CPU's caches).  Tables are reused, never
+    re-allocated per epoch: first-touching 100+ MB of fresh pages costs more than planning an epoch."""
+    if t is None:
+        t = np.empty((tsize, 4), dtype=np.int64)  # [slot, (key, priority, last use, pad)]
+    t[...] = _TABLE_ROW
+    return t, t[:, 0], t[:, 1], t[:, 2]
+
+
+def _access_units(idx: np.ndarray, counts: np.ndarray, acc_ptr: np.ndarray, sp: np.ndarray, sb: np.ndarray):
+    """int64[A]: the units of each position's sample, in position order (``sb[sp[idx[p]]:sp[idx[p] + 1]]`` at
+    ``acc_ptr[p]:acc_ptr[p + 1]``)."""
+    A = int(acc_ptr[-1])
+    if A == idx.shape[0] and (counts == 1).all():  # one unit per sample
+        return sb[sp[idx]]
+    # int64[A]: start of each access's sample in sb, plus its rank inside the sample
+    start = np.repeat(sp[idx] - acc_ptr[:-1], counts)
+    return sb[start + np.arange(A, dtype=np.int64)]
+
+
 def _planning_units(demand: Demand, group: bool):
     """``(sample_ptr, sample_blocks, nbytes, stored, count, groups or None)`` the engine plans on
     (``count``: layout blocks per unit, empty when every unit is one block).
@@ -259,9 +284,15 @@ class PlanRun:
         self.share = share * pool
 
         sp, sb, nb, stored_nb, unit_count, groups = _planning_units(demand, group_blocks)
+        n_units = int(nb.shape[0])
+        # what the engine reads or writes of a unit, side by side: one memory miss per unit touched, not four
+        units = np.empty((n_units, 4), dtype=np.int64)  # [unit, (bytes, stored bytes, owner, stamp)]
+        units[:, 0] = nb
+        units[:, 1] = stored_nb
+        units[:, 2:] = -1
+        nb, stored_nb = units[:, 0], units[:, 1]
         self.sp, self.sb, self.nb, self.stored_nb, self.unit_count, self.groups = sp, sb, nb, stored_nb, \
             unit_count, groups
-        n_units = int(nb.shape[0])
         csum = np.concatenate(([0], np.cumsum(nb[sb])))
         self.sample_bytes = csum[sp[1:]] - csum[sp[:-1]]  # int64[N] (a sample may have no block)
         min_nb = int(nb[nb > 0].min()) if (nb > 0).any() else 1
@@ -294,16 +325,14 @@ class PlanRun:
         acc_max = int(np.diff(sp).max()) * total
         live_max = min(self.P_eng * max_res, self.P_eng * n_units)
         self.tsize = _next_pow2(int((2 * live_max + acc_max + 64) / 0.6))
-        self.keys = np.full(self.tsize, eg.EMPTY, dtype=np.int64)
-        self.prio = np.zeros(self.tsize, dtype=np.int64)
-        self.used = np.full(self.tsize, -1, dtype=np.int64)
+        self._table, self.keys, self.prio, self.used = _table(None, self.tsize)
+        self._spare = None  # the table tombstones are dropped into between epochs (allocated at the first)
         heap_cap = 2 * max_res + 2 * step_blocks + 64
         self.hk = np.zeros((self.P_eng, heap_cap), dtype=np.int64)
         self.hbk = np.zeros((self.P_eng, heap_cap), dtype=np.int64)
         self.hn = np.zeros(self.P_eng, dtype=np.int64)
         self.res_bytes = np.zeros(self.P_eng, dtype=np.int64)
-        self.owner = np.full(n_units, -1, dtype=np.int32)
-        self.stamp = np.full(n_units, -1, dtype=np.int64)
+        self.owner, self.stamp = units[:, 2], units[:, 3]  # int64[units]: see engine.run_epoch
         self.n_res = np.zeros(2, dtype=np.int64)
         self.last = np.full(n_units, eg.INF, dtype=np.int64)
         self.err = np.zeros(4, dtype=np.int64)
@@ -316,7 +345,17 @@ class PlanRun:
         # the next epoch's next-use pass runs in a second thread while the engine plans this one (both
         # release the GIL): it depends only on the permutations, never on the engine's state
         self._last_bg = np.full(n_units, eg.INF, dtype=np.int64) if pol.next_use != "none" else None
-        self._next = None  # (epoch position, future of its (acc_ptr, nu)) computed ahead
+        self._next = None  # (epoch position, future of its (acc_ptr, nu, acc_blk)) computed ahead
+        self._positions = None
+
+    def positions(self) -> np.ndarray:
+        """int64[T] ``0 .. T-1``: the engines are handed each epoch's accesses in position order: position p as
+        "sample" p of the CSR ``(acc_ptr, acc_blk)``, the same units as ``sample_blocks[sample_ptr[idx[p]]:...]``.
+        The engines read a sample's units only through that CSR, so the plan is the same, and they walk arrays
+        in order instead of two random reads per sample (at 1M samples the planner is bound by memory misses)."""
+        if self._positions is None:
+            self._positions = np.arange(self.total, dtype=np.int64)
+        return self._positions
 
     def source_epoch(self, pos: int) -> int:
         """The source epoch (seed offset) trained at epoch position ``pos``."""
@@ -374,9 +413,9 @@ class PlanRun:
         return result
 
     def _uses(self, e: int, idx: np.ndarray, future: list, last: np.ndarray, first_step: int):
-        """``(acc_ptr int64[T+1], nu int64[A])`` of epoch position ``e`` (global index ``idx``, the indices of
-        the epochs after it in ``future``): where each position's accesses start, and each access's next use
-        step.  ``last``: int64[units] scratch, INF on entry and on exit.  Pure in the permutations: no engine
+        """``(acc_ptr int64[T+1], nu int64[A], acc_blk int64[A])`` of epoch position ``e`` (global index ``idx``,
+        the indices of the epochs after it in ``future``): where each position's accesses start, each access's
+        next use step and its unit.  ``last``: int64[units] scratch, INF on entry and on exit.  Pure in the permutations: no engine
         state is read, so it may run while the engine plans the epoch before."""
         pol, sp, sb = self.pol, self.sp, self.sb
         empty = np.zeros(0, dtype=np.int64)
@@ -386,13 +425,14 @@ class PlanRun:
         acc_ptr = np.zeros(self.total + 1, dtype=np.int64)
         np.cumsum(counts, out=acc_ptr[1:])
         nu = np.full(int(acc_ptr[-1]), eg.INF, dtype=np.int64)
+        acc_blk = _access_units(idx, counts, acc_ptr, sp, sb)
         if pol.next_use == "node":
             next_use_nodes(idx, self.bounds, step0, idx_f, len(future), acc_ptr, self.cfg.world_size,
                            self.nodes.ranks_per_node, sp, sb, last, nu)
         elif pol.next_use != "none":
             eg.next_use(idx, self.bounds, step0, idx_f, len(future), acc_ptr, self.cfg.world_size,
                         pol.next_use == "rank", sp, sb, last, nu, first_step)
-        return acc_ptr, nu
+        return acc_ptr, nu, acc_blk
 
     def _epoch(self, e: int, result: PolicyResult, on_epoch, pool=None):
         """Plan epoch position ``e``; with ``pool`` (an executor), start epoch e + 1's next-use pass in it first."""
@@ -408,28 +448,27 @@ class PlanRun:
         ahead = list(window)
         idx, future = ahead[0], ahead[1:k]
         if self._next is not None and self._next[0] == e:
-            acc_ptr, nu = self._next[1].result()
+            acc_ptr, nu, acc_blk = self._next[1].result()
         else:
-            acc_ptr, nu = self._uses(e, idx, future, self.last, self.first_step)
+            acc_ptr, nu, acc_blk = self._uses(e, idx, future, self.last, self.first_step)
         self._next = None
         if pool is not None and len(ahead) > 1:
             self._next = (e + 1, pool.submit(self._uses, e + 1, ahead[1], ahead[2:k + 1], self._last_bg, 0))
         step0 = e * S
         if pol.node_pools:
-            node_epoch(self, e, idx, acc_ptr, nu, step0, result, on_epoch)
+            node_epoch(self, e, idx, acc_ptr, nu, acc_blk, step0, result, on_epoch)
         else:
-            self._rank_epoch(e, idx, acc_ptr, nu, step0, result, on_epoch)
+            self._rank_epoch(e, idx, acc_ptr, nu, acc_blk, step0, result, on_epoch)
         # drop tombstones between epochs
         if self.n_res[1] > 0:
-            nk = np.full(self.tsize, eg.EMPTY, dtype=np.int64)
-            npr = np.zeros(self.tsize, dtype=np.int64)
-            nus = np.full(self.tsize, -1, dtype=np.int64)
+            spare, nk, npr, nus = _table(self._spare, self.tsize)
             eg.ht_rebuild(self.keys, self.prio, self.used, nk, npr, nus)
+            self._spare, self._table = self._table, spare
             self.keys, self.prio, self.used = nk, npr, nus
             self.n_res[1] = 0
         window.popleft()
 
-    def _rank_epoch(self, e: int, idx, acc_ptr, nu, step0: int, result: PolicyResult, on_epoch):
+    def _rank_epoch(self, e: int, idx, acc_ptr, nu, acc_blk, step0: int, result: PolicyResult, on_epoch):
         """One epoch of a policy with a buffer per rank (or one for all): the engine, then the results."""
         pol, P_eng, S, sp, sb = self.pol, self.P_eng, self.S, self.sp, self.sb
         empty = np.zeros(0, dtype=np.int64)
@@ -445,9 +484,9 @@ class PlanRun:
             load = evict = load_ptr = evict_ptr = empty
         err = self.err
         err[:] = 0
-        n_load, n_evict = eg.run_epoch(
-            idx, self.bounds, acc_ptr, nu, step0, P_eng, self.cap_lo, self.cap_hi, self.share, pol.mode, pol.evict,
-            self.budget, self.boundary_steps, sp, sb, self.nb, self.stored_nb, self.unit_count, self.keys, self.prio,
+        n_load, n_evict = eg.run_epoch(  # on the epoch's accesses in position order (see positions())
+            self.positions(), self.bounds, acc_ptr, nu, step0, P_eng, self.cap_lo, self.cap_hi, self.share, pol.mode,
+            pol.evict, self.budget, self.boundary_steps, acc_ptr, acc_blk, self.nb, self.stored_nb, self.unit_count, self.keys, self.prio,
             self.used, self.hk, self.hbk, self.hn, self.res_bytes, self.owner, self.stamp, self.n_res, rank_of, *st,
             self.record, load, load_ptr, evict, evict_ptr, err, self.due, self.max_blocks_sample, self.first_step)
         if err[0] == eg.TOO_SMALL:
