@@ -30,6 +30,11 @@ def _check_keys(rep: dict, n_epochs: int):
     for ep, lr in zip(rep["solar"]["epochs"], rep["limit_ratio"]):
         assert lr == pytest.approx(ep["storage_bytes"] / rnd / ep["seconds"]) and ep["limit_ratio"] == lr
         assert ep["plan_violations"] == 0 and ep["page_cache_left"] is not None
+    before = d["random_read_gbps"]  # and against the probes next to each epoch: the one before, the one after
+    for ep, la in zip(rep["solar"]["epochs"], rep["limit_ratio_adjacent"]):
+        after = ep["disk_random_read_gbps_after"]
+        assert after > 0 and la == pytest.approx(ep["storage_bytes"] / (max(before, after) * 1e9) / ep["seconds"])
+        before = after
     assert "memory_limit_bytes" in rep and rep["memory_method"]
     dec = rep["decode"]  # None: no filtered block; else the cpu limit and the slower-of-two ratio per epoch
     if dec is not None:
@@ -61,7 +66,7 @@ def test_bench_report(comm, shared_tmp):
     assert "posix_fadvise" in rep["cache"] and rep["memory_limit_bytes"] is None
     text = format_report(rep)
     for word in ("speedup", "vs best", "limit_ratio", "disk cold sequential read", "disk cold random read",
-                 "baseline memmap: skipped", "h5py-cache"):
+                 "baseline memmap: skipped", "h5py-cache", "disk cold random read after each solar epoch"):
         assert word in text
 
 

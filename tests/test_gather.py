@@ -161,8 +161,10 @@ def _resident_bytes(path) -> int:
 
 @pytest.mark.parametrize("storage", ["contiguous", "gzip"])
 def test_pread_drops_what_it_read_from_the_page_cache(tmp_path, storage):
-    """With drop_cache (the default) the bytes read into the buffer do not stay in the page
-    cache a second time; with drop_cache=False they do.  Data equal h5py's either way."""
+    """Read through the page cache (direct_io=False): with drop_cache (the default) the bytes read
+    into the buffer do not stay in the page cache a second time; with drop_cache=False they do.  With
+    the default direct_io ("auto", O_DIRECT where the file system has it) nothing is cached either.
+    Data equal h5py's every way."""
     layout = solar.load_layout(make_dataset(tmp_path, "ptychonn", storage, samples=24, size=64))
     path = layout.files[0]
     blocks = np.flatnonzero(layout.block_offset >= 0)
@@ -173,12 +175,13 @@ def test_pread_drops_what_it_read_from_the_page_cache(tmp_path, storage):
         pytest.skip("this file system keeps pages after POSIX_FADV_DONTNEED (tmpfs?)")
     data_bytes = int(layout.block_stored[blocks].sum())
     rng = np.random.default_rng(0)
-    for drop in (False, True):
+    for drop, opts in ((False, {"direct_io": False}), (True, {"direct_io": False}), (True, {})):
         outs = [np.empty(int(layout.block_nbytes[b]), np.uint8) for b in blocks]
-        with get_reader("pread", layout, threads=4, drop_cache=drop) as r:
+        with get_reader("pread", layout, threads=4, drop_cache=drop, **opts) as r:
             for _ in range(3):  # passes in random order and subsets, as epochs of steps read them
                 for part in np.array_split(rng.permutation(blocks.shape[0]), 7):
                     r.read_blocks(blocks[part], [outs[i] for i in part])
+            assert r.direct == (not opts)
         kept = _resident_bytes(path)
         if drop:
             assert kept < 0.05 * data_bytes, f"{kept} bytes still cached after reading {data_bytes}"

@@ -33,8 +33,10 @@ from solar.layout import LayoutSpec, build_layout, load_layout
 BACKENDS = [(name, {}) for name in sorted(READERS)] + [
     ("pread", {"threads": 1, "coalesce": False}),
     ("pread", {"threads": 2, "max_gap": 0, "max_read": 3000}),  # cuts runs of blocks into several reads
-    ("pread", {"direct_io": True}),  # O_DIRECT through an aligned bounce buffer
+    ("pread", {"direct_io": True}),  # O_DIRECT through an aligned bounce buffer (the default "auto" here)
     ("pread", {"direct_io": True, "threads": 1, "max_gap": 0, "max_read": 3000}),
+    ("pread", {"direct_io": False}),  # through the page cache: scatter preadv straight into the slots
+    ("pread", {"direct_io": False, "threads": 2, "max_gap": 0, "max_read": 3000}),
     ("mpiio", {"collective": False, "threads": 1}),
 ]
 
@@ -419,6 +421,58 @@ def test_direct_io_where_the_file_system_has_none_is_one_line(tmp_path, monkeypa
     with pytest.raises(DecodeError, match=r"cannot open .*x\.bin with O_DIRECT: .*direct_io=False"):
         open_fd([path], False, 0, direct=True)
     os.close(open_fd([path], False, 0, direct=False))  # without it the file opens
+
+
+def test_direct_io_auto_reads_through_the_page_cache_where_the_file_system_has_none(tmp_path, monkeypatch):
+    """direct_io="auto" (the default) on a file system that refuses O_DIRECT: the file is read buffered,
+    the bytes equal h5py's, the pages read are dropped (drop_cache), and open_stats counts the file."""
+    import errno
+    import os
+    from solar.io import kernels
+    from solar.io import pread_reader as pr
+    if not hasattr(os, "O_DIRECT"):
+        pytest.skip("no O_DIRECT here")
+    path = str(tmp_path / "f.h5")
+    data = np.random.default_rng(3).standard_normal((64, 100)).astype(np.float32)
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=data, chunks=(8, 100))
+    lay = build_layout(LayoutSpec("rows", ("f.h5",), ("x",), root=str(tmp_path)))
+    real_open = os.open
+    asked_direct = []
+
+    def no_direct(p, flags, *a):
+        if flags & os.O_DIRECT:
+            asked_direct.append(p)
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(p, flags, *a)
+    dropped = []
+    real_fadvise = kernels.fadvise_ranges
+
+    def spy(fds, starts, lengths, advice, align):
+        dropped.append(int(len(fds)))
+        return real_fadvise(fds, starts, lengths, advice, align)
+    monkeypatch.setattr(os, "open", no_direct)
+    monkeypatch.setattr(pr, "fadvise_ranges", spy)
+    rd = get_reader("pread", lay, threads=2)
+    assert rd.options["direct_io"] == "auto"
+    blocks = np.arange(lay.n_blocks, dtype=np.int64)
+    out = [np.empty(int(lay.block_nbytes[b]), np.uint8) for b in blocks]
+    rd.read_blocks(blocks, out)
+    got = np.concatenate([o.view(np.float32) for o in out]).reshape(data.shape)
+    np.testing.assert_array_equal(got, data)
+    assert asked_direct and rd.open_stats()["buffered_files"] == 1 and rd.open_stats()["direct_io"]
+    assert sum(dropped) > 0  # the buffered file's pages were dropped
+    rd.close()
+
+
+@pytest.mark.parametrize("bad", ["yes", 1, None])
+def test_direct_io_option_is_checked(tmp_path, bad):
+    path = str(tmp_path / "f.h5")
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=np.zeros((4, 4), np.float32))
+    lay = build_layout(LayoutSpec("rows", ("f.h5",), ("x",), root=str(tmp_path)))
+    with pytest.raises(SpecError, match=r"direct_io must be True, False or \"auto\", got"):
+        get_reader("pread", lay, direct_io=bad)
 
 
 def test_direct_io_reads_a_file_whose_end_is_not_aligned(tmp_path):

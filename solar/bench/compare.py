@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -29,10 +29,13 @@ def rss_bytes() -> int:
 
 def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float = 0.0, drop_cache=None,
               reader: Optional[str] = None, threads: int = 16, prefetch: int = DEFAULT_PREFETCH, progress: bool = False,
-              abort_on_error: bool = True, reader_options: Optional[dict] = None) -> dict:
+              abort_on_error: bool = True, reader_options: Optional[dict] = None,
+              probe: Optional[Callable[[], float]] = None) -> dict:
     """Time SolarLoader epoch by epoch, measured as the baseline is (drop, barrier, timed loop).
 
-    ``abort_on_error``: passed to SolarLoader (an error on one rank aborts the job)."""
+    ``abort_on_error``: passed to SolarLoader (an error on one rank aborts the job).  ``probe``: called by
+    every rank after each epoch (outside the timer), its result (the disk's cold random-read GB/s then) kept
+    as the epoch's ``disk_random_read_gbps_after``."""
     from ..loader import SolarLoader
     from ..mpi import sleep_barrier
     from .cache import largest_left
@@ -94,6 +97,8 @@ def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float
                 block_storage_bytes=sum(x[16] for x in per_rank), predicted_storage_bytes=int(planned),
                 storage_vs_plan=read / planned if planned else None,
                 blocks_vs_plan=sum(x[16] for x in per_rank) / planned if planned else None))
+            if probe is not None:
+                out["epochs"][-1]["disk_random_read_gbps_after"] = probe()
             if nodes:  # decoded bytes moved between nodes, as run and as planned
                 out["epochs"][-1].update(peer_bytes_sent=sum(x[13] for x in per_rank),
                                          peer_bytes_received=sum(x[14] for x in per_rank),
@@ -135,6 +140,13 @@ def measure_disk(layout, depth: int = 16) -> dict:
     seq = cold_parallel_sequential_read(layout.files)
     return dict(bytes_per_s=seq["bytes_per_s"], method=seq["method"], random_read_gbps=rnd["bytes_per_s"] / 1e9,
                 sequential_read_gbps=seq["bytes_per_s"] / 1e9, block_bytes=block, random=rnd, sequential=seq)
+
+
+def measure_random(layout, depth: int = 16) -> float:
+    """The disk's cold random-read GB/s alone, as :func:`measure_disk` measures it (between solar's epochs)."""
+    from .disk import cold_random_read, typical_block
+    extents, _ = typical_block(layout)
+    return cold_random_read(layout.files, extents, depth=depth)["bytes_per_s"] / 1e9
 
 
 def measure_decode(layout) -> "dict | None":
@@ -304,7 +316,7 @@ def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fra
                      local_batch=local_batch, seed=seed, step_time=step_time, drop=drop, reader=reader,
                      threads=threads, prefetch=prefetch, num_workers=num_workers, progress=progress,
                      abort_on_error=abort_on_error, loaders=loaders, baselines=baselines, budget=budget,
-                     time_limit=baseline_time_limit, reader_options=reader_options)
+                     time_limit=baseline_time_limit, reader_options=reader_options, disk_depth=disk_depth)
     finally:
         if cg is not None:
             _leave_cgroup(cg, back, node)
@@ -319,7 +331,7 @@ def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fra
 
 def _run_loaders(report, spec, layout, schedule, *, comm, node, cg, epochs, local_batch, seed, step_time, drop,
                  reader, threads, prefetch, num_workers, progress, abort_on_error, loaders, baselines, budget,
-                 time_limit=None, reader_options=None):
+                 time_limit=None, reader_options=None, disk_depth=16):
     """Run solar and each baseline in turn, filling ``report["solar"]``, ``["baselines"]``, ``["baseline"]``."""
     import functools
 
@@ -327,9 +339,11 @@ def _run_loaders(report, spec, layout, schedule, *, comm, node, cg, epochs, loca
     from .memlimit import check_worker_in
     if "solar" in loaders:
         _reset_peak(cg, node)
+        from ..mpi import root_call
         report["solar"] = run_solar(schedule, layout, comm=comm, epochs=epochs, step_time=step_time,
                                     drop_cache=drop, reader=reader, threads=threads, prefetch=prefetch,
-                                    progress=progress, abort_on_error=abort_on_error, reader_options=reader_options)
+                                    progress=progress, abort_on_error=abort_on_error, reader_options=reader_options,
+                                    probe=lambda: root_call(comm, lambda: measure_random(layout, disk_depth)))
         report["solar"]["memory_peak_bytes"] = _peak(cg, node, comm)
     if "baseline" not in loaders:
         return
@@ -383,15 +397,23 @@ def _ratios(report: dict):
     if dec and report.get("decode_after"):
         dec = dict(dec, bytes_per_s=max(dec["bytes_per_s"], report["decode_after"]["bytes_per_s"]))
         report["limit_decode_gbps"] = dec["bytes_per_s"] / 1e9
+    before = report["disk"]["random_read_gbps"]  # the probe right before epoch 0
     for ep in report["solar"]["epochs"]:
         ep["storage_vs_disk"] = ep["storage_bytes_per_s"] / seq if seq else None
         ep["limit_ratio"] = (ep["storage_bytes"] / rnd) / ep["seconds"] if rnd and ep["seconds"] else None
+        # against the faster of the two probes next to this epoch (the one before it, the one after it): a
+        # shared disk's speed drifts within minutes, and the run-wide probes may be far from an epoch
+        after_ep = ep.get("disk_random_read_gbps_after")
+        near = max(before, after_ep if after_ep is not None else after["random_read_gbps"]) * 1e9
+        ep["limit_ratio_adjacent"] = (ep["storage_bytes"] / near) / ep["seconds"] if near and ep["seconds"] else None
+        before = after_ep if after_ep is not None else before
         if dec and dec["bytes_per_s"] and ep["seconds"]:
             # the slower of the two physical limits: the disk's random reads, the node's cores decoding
             cpu_s = ep["storage_bytes"] * dec["filtered_fraction"] / dec["bytes_per_s"]
             ep["decode_limit_ratio"] = cpu_s / ep["seconds"]
             ep["physical_limit_ratio"] = max(cpu_s, ep["storage_bytes"] / rnd if rnd else 0.0) / ep["seconds"]
     report["limit_ratio"] = [ep["limit_ratio"] for ep in report["solar"]["epochs"]]
+    report["limit_ratio_adjacent"] = [ep["limit_ratio_adjacent"] for ep in report["solar"]["epochs"]]
     if dec:
         report["physical_limit_ratio"] = [ep.get("physical_limit_ratio") for ep in report["solar"]["epochs"]]
 
@@ -468,6 +490,12 @@ def format_report(r: dict) -> str:
                      + " (blocks loaded, without the gaps reads coalesce: "
                      + ", ".join(f"{ep['blocks_vs_plan']:.3f}" if ep.get("blocks_vs_plan") else "-" for ep in eps)
                      + f"); {sum(ep.get('verified', 0) for ep in eps)} delivered samples equal to h5py's")
+        if all(ep.get("disk_random_read_gbps_after") is not None for ep in eps):
+            lines.append("disk cold random read after each solar epoch: "
+                         + ", ".join(f"{ep['disk_random_read_gbps_after']:.2f}" for ep in eps)
+                         + " GB/s; limit_ratio against the faster probe next to each epoch: "
+                         + ", ".join(f"{ep['limit_ratio_adjacent']:.2f}" if ep.get("limit_ratio_adjacent") is not None
+                                     else "-" for ep in eps))
         if "ranks_per_node" in r["solar"]:
             lines.append("solar bytes sent between nodes per epoch (as run / planned): "
                          + ", ".join(f"{human_bytes(ep['peer_bytes_sent'])} / {human_bytes(ep['predicted_peer_bytes'])}"

@@ -18,12 +18,14 @@ so a call costs at most ``threads`` hand-offs however many ranges it reads, and 
 read delays only its own worker.  The pool's ``threads`` are the I/O depth and bound the
 scratch memory (one buffer of at most ``max_read`` bytes per thread).
 
-``direct_io=True`` (off by default) opens the files with ``O_DIRECT``: every range is read, rounded
+``direct_io`` (default ``"auto"``) opens the files with ``O_DIRECT``: every range is read, rounded
 out to :data:`DIRECT_ALIGN`, into a page-aligned per-thread bounce buffer (HDF5 places data at
 unaligned offsets, so reads cannot land in the caller's arrays), then copied or decoded from there.
-Nothing goes through the page cache, so ``drop_cache`` has nothing to do; the kernel's share of a read
-is about halved (measured: docs/runtime.md).  A file system without direct I/O (tmpfs) gives a
-one-line error naming the file.
+Nothing goes through the page cache (the buffer is the only copy: its budget is the memory used), and
+the kernel's share of a read is about halved (measured: docs/runtime.md).  A file whose file system has
+no direct I/O (tmpfs, some FUSE mounts: ``open`` fails with EINVAL) is read through the page cache
+instead, with ``drop_cache``, under ``"auto"``; with ``True`` it is a one-line error naming the file;
+``False`` never asks for ``O_DIRECT``.  :meth:`PreadReader.open_stats` counts the ``buffered_files``.
 
 Page cache (``drop_cache``, default on): once a call's bytes are in the caller's
 arrays, ``posix_fadvise(POSIX_FADV_DONTNEED)`` asks the kernel to drop the file's
@@ -143,20 +145,31 @@ def preadv_full(fd: int, buffers: list, offset: int, *, retries: int = READ_RETR
 DIRECT_ALIGN = 4096
 
 
-def open_fd(files, readahead: bool, file: int, direct: bool = False) -> int:
+def open_fd(files, readahead: bool, file: int, direct: bool = False, buffered: set | None = None) -> int:
     """A new read-only descriptor of ``files[file]`` (``POSIX_FADV_RANDOM`` unless ``readahead``; ``O_DIRECT``
     with ``direct``); DecodeError if it cannot be opened, except EMFILE/ENFILE (OSError: the file cache
-    handles those)."""
+    handles those).  Where the file system refuses ``O_DIRECT`` (EINVAL): with a ``buffered`` set the file
+    is opened without it and ``file`` added to the set, else a DecodeError naming the option."""
     path = files[file]
-    flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | (os.O_DIRECT if direct else 0)
+    flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
     try:
-        fd = os.open(path, flags)
+        try:
+            fd = os.open(path, flags | (os.O_DIRECT if direct else 0))
+        except OSError as exc:
+            if not (direct and exc.errno == errno.EINVAL):
+                raise
+            if buffered is None:
+                raise DecodeError(f"cannot open {path} with O_DIRECT: its file system does not support direct "
+                                  f"I/O (reader option direct_io=False or \"auto\")") from None
+            fd = os.open(path, flags)
+            buffered.add(file)
+            direct = False
+        else:
+            if buffered is not None:
+                buffered.discard(file)
     except OSError as exc:
         if exc.errno in (errno.EMFILE, errno.ENFILE):
             raise
-        if direct and exc.errno == errno.EINVAL:
-            raise DecodeError(f"cannot open {path} with O_DIRECT: its file system does not support direct I/O "
-                              f"(reader option direct_io=False)") from None
         raise DecodeError(f"cannot open {path}: {exc.strerror}") from None
     if not readahead and not direct:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
@@ -166,7 +179,8 @@ def open_fd(files, readahead: bool, file: int, direct: bool = False) -> int:
 def pread_direct(fd: int, buf: memoryview, offset: int, need: int, *, retries: int = READ_RETRIES) -> int:
     """``O_DIRECT`` reads into ``buf`` (page aligned, a multiple of :data:`DIRECT_ALIGN` long) from the aligned
     ``offset`` until ``need`` bytes are in or the file ends; returns the bytes read.  A partial read goes on
-    from its aligned part; transient errors (EINTR, EAGAIN, EIO) are retried as :func:`preadv_full` does."""
+    from its aligned part (one shorter than a block is the file's end); zero bytes and transient errors
+    (EINTR, EAGAIN, EIO) are retried as :func:`preadv_full` does."""
     done = failures = 0
     while done < need:
         try:
@@ -175,18 +189,18 @@ def pread_direct(fd: int, buf: memoryview, offset: int, need: int, *, retries: i
             if exc.errno not in TRANSIENT_ERRNOS or failures >= retries:
                 raise
             n = -1
-        if n <= 0:
-            if n == 0 or failures >= retries:
-                break  # end of file
+        if n <= 0:  # 0: the end of the file, or a storage hiccup: tried again as preadv_full does
+            if failures >= retries:
+                break
             time.sleep(RETRY_BACKOFF_S * 2 ** failures)
             failures += 1
             continue
         if done + n >= need:
             return done + n
-        if n % DIRECT_ALIGN:  # short of the file's end: keep the aligned part, read on from there
+        if n % DIRECT_ALIGN:  # short: keep the aligned part and read on from there
+            if n < DIRECT_ALIGN:
+                return done + n  # the file ends inside this block
             n -= n % DIRECT_ALIGN
-            if n == 0:
-                break
         done += n
     return done
 
@@ -217,7 +231,7 @@ class PreadReader(BlockReader):
     needs_raw = True
     OPTIONS: ClassVar[dict] = {"coalesce": True, "max_gap": CoalescePolicy.max_gap,
                                "max_read": CoalescePolicy.max_read, "drop_cache": True, "readahead": False,
-                               "max_open": None, "direct_io": False}
+                               "max_open": None, "direct_io": "auto"}
 
     @classmethod
     def available(cls):
@@ -229,16 +243,22 @@ class PreadReader(BlockReader):
         super().__init__(layout, comm=comm, threads=threads, **options)
         o = self.options
         self.policy = CoalescePolicy(o["max_gap"], o["max_read"], o["coalesce"])
-        for name in ("drop_cache", "readahead", "direct_io"):
+        for name in ("drop_cache", "readahead"):
             if not isinstance(o[name], bool):
                 raise SpecError(f"reader 'pread' option {name} must be True or False, got {o[name]!r}")
-        if o["direct_io"] and not hasattr(os, "O_DIRECT"):
+        mode = o["direct_io"]
+        if not (isinstance(mode, bool) or mode == "auto"):
+            raise SpecError(f"reader 'pread' option direct_io must be True, False or \"auto\", got {mode!r}")
+        if mode is True and not hasattr(os, "O_DIRECT"):
             raise SpecError("reader 'pread' option direct_io=True needs O_DIRECT, which this platform lacks")
-        self.direct = o["direct_io"]
-        self.drop_cache = o["drop_cache"] and hasattr(os, "posix_fadvise") and not self.direct
+        self.direct = mode is True or (mode == "auto" and hasattr(os, "O_DIRECT"))
+        # files opened without O_DIRECT although asked ("auto" on a file system without it): read buffered
+        self._buffered: set[int] = set()
+        self.drop_cache = o["drop_cache"] and hasattr(os, "posix_fadvise")
         self.readahead = o["readahead"] or not hasattr(os, "posix_fadvise")
         # the opener holds no reference to the reader (no cycle: a dropped reader is freed at once)
-        self._files = FileCache(partial(open_fd, layout.files, self.readahead, direct=self.direct), os.close,
+        self._files = FileCache(partial(open_fd, layout.files, self.readahead, direct=self.direct,
+                                        buffered=self._buffered if mode == "auto" else None), os.close,
                                 max_open_option(o["max_open"], self.name))
         self._pool = None
         self._pool_lock = threading.Lock()
@@ -267,7 +287,9 @@ class PreadReader(BlockReader):
             self._files.release(file)
 
     def open_stats(self) -> dict:
-        return self._files.stats()
+        """The file cache's counts; ``direct_io``: whether files are opened with O_DIRECT, and
+        ``buffered_files``: how many of those opened so far refused it and are read through the page cache."""
+        return {**self._files.stats(), "direct_io": self.direct, "buffered_files": len(self._buffered)}
 
     def _scratch(self, nbytes: int) -> memoryview:
         buf = getattr(self._local, "buf", None)
@@ -318,14 +340,18 @@ class PreadReader(BlockReader):
             wait(futs)  # every worker has finished writing into `out` before we return or raise
         if failed:
             raise failed[0]
-        if self.drop_cache:  # the bytes are in the caller's arrays: the page cache need not keep them
-            self._drop(plan)
+        if self.drop_cache and (not self.direct or self._buffered):  # the bytes are in the caller's arrays:
+            self._drop(plan)  # the page cache need not keep them (files read with O_DIRECT left nothing there)
         stats.n_reads = R
         return stats
 
     def _drop(self, plan: _ReadPlan) -> None:
         """``POSIX_FADV_DONTNEED`` over the plan's ranges of the files still open (none is reopened)."""
         files = np.unique(plan.file).tolist()
+        if self.direct:
+            files = [f for f in files if f in self._buffered]
+            if not files:
+                return
         fds = {f: self._files.pin_if_open(f) for f in files}
         try:
             lut = np.full(int(plan.file.max()) + 1, -1, np.int64)
@@ -383,8 +409,7 @@ class PreadReader(BlockReader):
         lay = self.layout
         file, start, length = int(plan.file[r]), int(plan.start[r]), int(plan.length[r])
         a, b = int(plan.ptr[r]), int(plan.ptr[r + 1])
-        if self.direct:
-            self._read_range_direct(plan, r, a, b, blocks, out)
+        if self.direct and self._read_range_direct(plan, r, a, b, blocks, out):
             return
         if plan.whole[r]:
             self._preadv(file, [out[int(plan.pos[a])]], start, length, blocks[plan.pos[a:b]], plan.rel[a:b])
@@ -408,9 +433,9 @@ class PreadReader(BlockReader):
             lo = int(rel[k])
             deliver(lay, int(blocks[pos[k]]), scratch[lo:lo + int(stored[k])], out[int(pos[k])])
 
-    def _read_range_direct(self, plan: _ReadPlan, r: int, a: int, b: int, blocks, out) -> None:
+    def _read_range_direct(self, plan: _ReadPlan, r: int, a: int, b: int, blocks, out) -> bool:
         """Range ``r`` with ``O_DIRECT``: one aligned read into the bounce buffer, then each block copied or
-        decoded from it into ``out``."""
+        decoded from it into ``out``; False (nothing read) if its file was opened without O_DIRECT."""
         lay = self.layout
         file, start, length = int(plan.file[r]), int(plan.start[r]), int(plan.length[r])
         lo = start - start % DIRECT_ALIGN  # aligned window [lo, hi) around [start, start + length)
@@ -419,6 +444,8 @@ class PreadReader(BlockReader):
         pos, rel, stored = plan.pos[a:b], plan.rel[a:b], plan.stored[a:b]
         try:
             with self._fd(file) as fd:
+                if file in self._buffered:
+                    return False
                 got = pread_direct(fd, buf[:hi - lo], lo, start + length - lo)
         except OSError as exc:
             tries = READ_RETRIES + 1 if exc.errno in TRANSIENT_ERRNOS else 1
@@ -434,6 +461,7 @@ class PreadReader(BlockReader):
                 out[int(pos[k])][:n] = raw
             else:
                 deliver(lay, int(blocks[pos[k]]), raw, out[int(pos[k])])
+        return True
 
     def _preadv(self, file: int, iov: list, start: int, length: int, blocks: np.ndarray, rel: np.ndarray) -> None:
         """``preadv_full`` of file ``file`` (its descriptor pinned meanwhile) with the reader's errors:
