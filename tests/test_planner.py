@@ -229,3 +229,19 @@ def test_access_units_follow_the_positions(blocks_per_sample, seed):
     acc_ptr = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
     got = _access_units(idx, counts, acc_ptr, sp, sb)
     assert got.tolist() == [int(b) for i in idx for b in sb[sp[i]:sp[i + 1]]]
+
+
+@pytest.mark.parametrize("policy", ["solar2023", "solar", "torch"])
+def test_samples_without_blocks_plan(policy):
+    """A sample with no block (every policy, SOLAR-2023's holder-first routing included, which looks at a
+    sample's first block) is planned: it is trained, loads nothing, and the others are planned as usual."""
+    from solar.scheduler.run import Demand, run_policy
+    from solar.scheduler.config import PlanConfig
+    n = 40
+    counts = np.ones(n, dtype=np.int64)
+    counts[[0, 17, n - 1]] = 0  # the first, a middle and the last sample hold no block
+    sp = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+    nb = int(sp[-1])
+    d = Demand(sp, np.arange(nb, dtype=np.int64), np.full(nb, 100, np.int64), np.full(nb, 100, np.int64))
+    res = run_policy(d, PlanConfig(2, 4, 3, 100 * 12), policy)
+    assert all(m >= 0 for m in res.miss_bytes) and res.miss_bytes[0] == 100 * nb

@@ -217,7 +217,8 @@ def run_epoch(idx, bounds, acc_ptr, nu, step0, P, cap_lo, cap_hi, target, mode, 
             # SOLAR-2023: a sample whose first block is held goes to its holder if it has a
             # free slot; all other samples are dealt round robin and appended (uneven sizes).
             for p in range(lo, hi):
-                o = owner[sample_blocks[sample_ptr[idx[p]]]]
+                a0 = sample_ptr[idx[p]]
+                o = owner[sample_blocks[a0]] if a0 < sample_ptr[idx[p] + 1] else -1  # a sample may have no block
                 if o >= 0 and cnt[o] < target[k]:
                     rank_of[p] = o
                     cnt[o] += 1
