@@ -218,17 +218,17 @@ def test_randperm_crosses_its_draw_chunks(monkeypatch):
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.integers(0, 4), min_size=1, max_size=30), st.integers(0, 99))
 def test_access_units_follow_the_positions(blocks_per_sample, seed):
-    """The engines walk each epoch's units in position order (PlanRun.positions): the units at
-    acc_ptr[p]:acc_ptr[p + 1] are those of sample idx[p], in the layout's order."""
-    from solar.scheduler.run import _access_units
+    """The engines walk each epoch's units in position order (PlanRun.positions, built with groups.expand):
+    the units at acc_ptr[p]:acc_ptr[p + 1] are those of sample idx[p], in the layout's order."""
+    from solar.scheduler.groups import expand
     rng = np.random.default_rng(seed)
     sp = np.concatenate(([0], np.cumsum(blocks_per_sample))).astype(np.int64)
     sb = rng.integers(0, 50, int(sp[-1])).astype(np.int64)
     idx = rng.permutation(len(blocks_per_sample)).astype(np.int64)
-    counts = np.diff(sp)[idx]
-    acc_ptr = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
-    got = _access_units(idx, counts, acc_ptr, sp, sb)
-    assert got.tolist() == [int(b) for i in idx for b in sb[sp[i]:sp[i + 1]]]
+    acc_blk, acc_ptr = expand(idx, np.arange(len(idx) + 1, dtype=np.int64), sp, sb)
+    assert acc_ptr.tolist() == np.concatenate(([0], np.cumsum(np.diff(sp)[idx]))).tolist()
+    assert acc_blk.tolist() == [int(b) for i in idx for b in sb[sp[i]:sp[i + 1]]]
+
 
 
 @pytest.mark.parametrize("policy", ["solar2023", "solar", "torch"])

@@ -405,7 +405,7 @@ def _ratios(report: dict):
         # shared disk's speed drifts within minutes, and the run-wide probes may be far from an epoch
         after_ep = ep.get("disk_random_read_gbps_after")
         near = max(before, after_ep if after_ep is not None else after["random_read_gbps"]) * 1e9
-        ep["limit_ratio_adjacent"] = (ep["storage_bytes"] / near) / ep["seconds"] if near and ep["seconds"] else None
+        ep["limit_ratio_adjacent"] = (ep["storage_bytes"] / near) / ep["seconds"] if ep["seconds"] else None
         before = after_ep if after_ep is not None else before
         if dec and dec["bytes_per_s"] and ep["seconds"]:
             # the slower of the two physical limits: the disk's random reads, the node's cores decoding

@@ -36,19 +36,21 @@ def node_epoch(run, e: int, idx, acc_ptr, nu, acc_blk, step0: int, result, on_ep
     err[:] = 0
     n_stage = n_x = 0
     if pol.peer:
-        n_load, n_evict, n_stage, n_x = pe.run_epoch_peer(  # accesses in position order: see PlanRun.positions
+        # the engines take the accesses in position order: see PlanRun.positions
+        n_load, n_evict, n_stage, n_x = pe.run_epoch_peer(
             run.positions(), run.bounds, acc_ptr, nu, step0, Q, L, P, run.cap_lo, run.cap_hi, run.share, pol.mode,
-            pol.evict, run.budget, acc_ptr, acc_blk, run.nb, run.stored_nb, run.unit_count, run.peer_ok, pol.next_use != "node",
-            run.keys,
-            run.prio, run.used, run.hk, run.hbk, run.hn, run.res_bytes, run.owner, run.stamp, run.n_res, run.due,
+            pol.evict, run.budget, acc_ptr, acc_blk, run.nb, run.stored_nb, run.unit_count, run.peer_ok,
+            pol.next_use != "node", run.keys, run.prio, run.used, run.hk, run.hbk, run.hn, run.res_bytes, run.owner,
+            run.stamp, run.n_res, run.due,
             run.max_blocks_sample, node_of, st, record, load, load_ptr, evict, evict_ptr, stage, stage_ptr,
             x_src, x_dst, x_blk, x_ptr, err)
     else:
         rows = [st[pe.COUNT], st[pe.HITS], st[pe.HIT_BYTES], st[pe.MISS], st[pe.MISS_BYTES], st[pe.STORED]]
-        n_load, n_evict = eg.run_epoch(  # accesses in position order: see PlanRun.positions
+        n_load, n_evict = eg.run_epoch(  # accesses in position order (PlanRun.positions)
             run.positions(), run.bounds, acc_ptr, nu, step0, Q, run.cap_lo, run.cap_hi, run.share, pol.mode,
-            pol.evict, run.budget, run.boundary_steps, acc_ptr, acc_blk, run.nb, run.stored_nb, run.unit_count, run.keys,
-            run.prio, run.used, run.hk, run.hbk, run.hn, run.res_bytes, run.owner, run.stamp, run.n_res, node_of,
+            pol.evict, run.budget, run.boundary_steps, acc_ptr, acc_blk, run.nb, run.stored_nb, run.unit_count,
+            run.keys, run.prio, run.used, run.hk, run.hbk, run.hn, run.res_bytes, run.owner, run.stamp, run.n_res,
+            node_of,
             *rows, record, load, load_ptr, evict, evict_ptr, err, run.due, run.max_blocks_sample)
         if err[0] == eg.TOO_SMALL:
             from .run import BufferTooSmall  # run imports this module

@@ -172,17 +172,6 @@ def _table(t: Optional[np.ndarray], tsize: int):
     return t, t[:, 0], t[:, 1], t[:, 2]
 
 
-def _access_units(idx: np.ndarray, counts: np.ndarray, acc_ptr: np.ndarray, sp: np.ndarray, sb: np.ndarray):
-    """int64[A]: the units of each position's sample, in position order (``sb[sp[idx[p]]:sp[idx[p] + 1]]`` at
-    ``acc_ptr[p]:acc_ptr[p + 1]``)."""
-    A = int(acc_ptr[-1])
-    if A == idx.shape[0] and (counts == 1).all():  # one unit per sample
-        return sb[sp[idx]]
-    # int64[A]: start of each access's sample in sb, plus its rank inside the sample
-    start = np.repeat(sp[idx] - acc_ptr[:-1], counts)
-    return sb[start + np.arange(A, dtype=np.int64)]
-
-
 def _planning_units(demand: Demand, group: bool):
     """``(sample_ptr, sample_blocks, nbytes, stored, count, groups or None)`` the engine plans on
     (``count``: layout blocks per unit, empty when every unit is one block).
@@ -415,17 +404,15 @@ class PlanRun:
     def _uses(self, e: int, idx: np.ndarray, future: list, last: np.ndarray, first_step: int):
         """``(acc_ptr int64[T+1], nu int64[A], acc_blk int64[A])`` of epoch position ``e`` (global index ``idx``,
         the indices of the epochs after it in ``future``): where each position's accesses start, each access's
-        next use step and its unit.  ``last``: int64[units] scratch, INF on entry and on exit.  Pure in the permutations: no engine
-        state is read, so it may run while the engine plans the epoch before."""
+        next use step and its unit.  ``last``: int64[units] scratch, INF on entry and on exit.  Pure in the
+        permutations: no engine state is read, so it may run while the engine plans the epoch before."""
         pol, sp, sb = self.pol, self.sp, self.sb
         empty = np.zeros(0, dtype=np.int64)
         idx_f = future[0] if len(future) == 1 else (np.concatenate(future) if future else empty)
         step0 = e * self.S
-        counts = np.diff(sp)[idx]
-        acc_ptr = np.zeros(self.total + 1, dtype=np.int64)
-        np.cumsum(counts, out=acc_ptr[1:])
+        # the units of each position's sample in position order: int64[A], and where each position's start, int64[T+1]
+        acc_blk, acc_ptr = expand(idx, np.arange(self.total + 1, dtype=np.int64), sp, sb)
         nu = np.full(int(acc_ptr[-1]), eg.INF, dtype=np.int64)
-        acc_blk = _access_units(idx, counts, acc_ptr, sp, sb)
         if pol.next_use == "node":
             next_use_nodes(idx, self.bounds, step0, idx_f, len(future), acc_ptr, self.cfg.world_size,
                            self.nodes.ranks_per_node, sp, sb, last, nu)
@@ -486,8 +473,9 @@ class PlanRun:
         err[:] = 0
         n_load, n_evict = eg.run_epoch(  # on the epoch's accesses in position order (see positions())
             self.positions(), self.bounds, acc_ptr, nu, step0, P_eng, self.cap_lo, self.cap_hi, self.share, pol.mode,
-            pol.evict, self.budget, self.boundary_steps, acc_ptr, acc_blk, self.nb, self.stored_nb, self.unit_count, self.keys, self.prio,
-            self.used, self.hk, self.hbk, self.hn, self.res_bytes, self.owner, self.stamp, self.n_res, rank_of, *st,
+            pol.evict, self.budget, self.boundary_steps, acc_ptr, acc_blk, self.nb, self.stored_nb, self.unit_count,
+            self.keys, self.prio, self.used, self.hk, self.hbk, self.hn, self.res_bytes, self.owner, self.stamp,
+            self.n_res, rank_of, *st,
             self.record, load, load_ptr, evict, evict_ptr, err, self.due, self.max_blocks_sample, self.first_step)
         if err[0] == eg.TOO_SMALL:
             raise BufferTooSmall(
