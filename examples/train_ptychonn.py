@@ -23,7 +23,6 @@ through instead of collapsing it to a constant).
 """
 from __future__ import annotations
 
-import sys
 
 import torch
 import torch.nn as nn
@@ -143,4 +142,4 @@ class Ptycho(trainer.Task):
 
 
 if __name__ == "__main__":
-    sys.exit(trainer.main(Ptycho(), __doc__))
+    trainer.end_process(trainer.main(Ptycho(), __doc__))

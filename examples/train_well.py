@@ -19,7 +19,6 @@ References on the held-out windows: ``constant`` (the training mean: 0 in z unit
 """
 from __future__ import annotations
 
-import sys
 
 import torch
 import torch.nn as nn
@@ -116,4 +115,4 @@ class Well(trainer.Task):
 
 
 if __name__ == "__main__":
-    sys.exit(trainer.main(Well(), __doc__))
+    trainer.end_process(trainer.main(Well(), __doc__))

@@ -688,6 +688,26 @@ def train(args, task: Task, g: Group, device: torch.device, threads: int, topo):
         held.close()
 
 
+def end_process(status: int):
+    """Leave the process with ``status`` once ``main`` is done, without the interpreter's finalization.
+
+    DDP keeps references to the gloo process group that ``destroy_process_group`` does not drop, so
+    gloo's worker threads outlive ``main``.  One of them may still be releasing its last collective
+    (``all_gather_object`` tensors whose Python objects it owns) when the interpreter shuts down: it
+    then needs the GIL, Python ends the thread, and the unwind aborts the process ("terminate called
+    without an active exception", about 1 run in 25 here), failing a job that finished.  So: flush,
+    finalize MPI where mpi4py started it (as its exit hook would), and ``os._exit``."""
+    for f in (sys.stdout, sys.stderr):
+        try:
+            f.flush()
+        except (OSError, ValueError):
+            pass
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.Finalize()
+    os._exit(status)
+
+
 def main(task: Task, doc: str, argv=None) -> int:
     """Parse, join the job (``torch.distributed``), train; a SolarError ends this rank with one line, status 2."""
     from solar.errors import SolarError
