@@ -77,20 +77,45 @@ def test_pread_gives_up_after_bounded_retries(layout, monkeypatch, kind):
     assert flaky.calls == 1 + pread_reader.READ_RETRIES
 
 
-def test_failed_read_fails_the_step_not_the_sample(tmp_path, monkeypatch):
-    """Reads start failing for good mid-run: every batch delivered before is h5py's, then the step raises."""
+class FailingKernel:
+    """``read_direct_ranges`` whose calls from the ``first``-th on report EIO after 4 tries on their first
+    range (what the compiled kernel returns then), the calls before it real."""
+
+    def __init__(self, first: int):
+        self.first, self.calls, self.real = first, 0, pread_reader.read_direct_ranges
+
+    def __call__(self, fd, lo, size, need, bounce, ptr, src, nbytes, dst, r0, r1, got, err, *rest):
+        self.calls += 1
+        if self.calls < self.first:
+            return self.real(fd, lo, size, need, bounce, ptr, src, nbytes, dst, r0, r1, got, err, *rest)
+        got[r0], err[r0] = 0, errno.EIO
+        return r0
+
+
+@pytest.mark.parametrize("direct_io", [False, True])
+def test_failed_read_fails_the_step_not_the_sample(tmp_path, monkeypatch, direct_io):
+    """Reads start failing for good mid-run: every batch delivered before is h5py's, then the step raises.
+    Through the page cache (each range one ``os.preadv``) and with O_DIRECT (ranges of unfiltered blocks
+    read by the GIL-free kernel, :func:`solar.io.kernels.read_direct_ranges`)."""
     data = make_dataset(tmp_path, "ptychonn", "chunked", samples=24)
     layout = solar.load_layout(data)
     path = str(tmp_path / "plan.h5")
     solar.plan(layout, world_size=1, local_batch=2, epochs=1, buffer_fraction=0.3, out=path).close()
-    monkeypatch.setattr(os, "preadv", FlakyPreadv("eio", times=10**9, first=6))
+    if direct_io:
+        failing = FailingKernel(first=6)
+        monkeypatch.setattr(pread_reader, "read_direct_ranges", failing)
+    else:
+        monkeypatch.setattr(os, "preadv", FlakyPreadv("eio", times=10**9, first=6))
     delivered = []
-    with SolarLoader(path, layout, rank=0, as_torch=False, prefetch=1, threads=1) as loader:
+    with SolarLoader(path, layout, rank=0, as_torch=False, prefetch=1, threads=1,
+                     reader_options={"direct_io": direct_io}) as loader:
         with pytest.raises(solar.DecodeError, match=r"failed \(4 tries\): Input/output error"):
             for batch in loader:
                 delivered.append(batch)
         assert loader.cursor < loader.S
     assert delivered, "some steps were read before the storage failed"
+    if direct_io:
+        assert failing.calls >= failing.first
     for batch in delivered:
         for i, s in enumerate(batch["index"].tolist()):
             for k, v in h5py_sample(layout, s).items():

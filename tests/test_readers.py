@@ -492,3 +492,72 @@ def test_direct_io_reads_a_file_whose_end_is_not_aligned(tmp_path):
         assert bytes(buf[:got]) == data[2 * DIRECT_ALIGN:].tobytes()
     finally:
         os.close(fd)
+
+
+def test_direct_kernel_reads_copies_and_reports_failures(tmp_path):
+    """The GIL-free O_DIRECT kernel (what the pread reader runs for unfiltered blocks): ranges read
+    into the aligned buffer and their blocks copied out; a file ending inside the window is data; a read
+    past the end comes back short after the retries; a misaligned offset reports EINVAL and stops there."""
+    import errno
+    import mmap
+    from solar.io.kernels import read_direct_ranges
+    from solar.io.pread_reader import DIRECT_ALIGN as A
+    from solar.io.pread_reader import open_fd
+    path = str(tmp_path / "k.bin")
+    data = np.random.default_rng(1).integers(0, 256, 5 * A + 123, dtype=np.uint8)
+    data.tofile(path)
+    fd = open_fd([path], False, 0, direct=True)
+    bounce = np.frombuffer(mmap.mmap(-1, 4 * A), np.uint8)
+    i64 = lambda *v: np.array(v, np.int64)  # noqa: E731
+    try:
+        # range 0: window [A, 3A), blocks at A+5 (700 bytes) and A+900 (A bytes); range 1: the file's tail
+        lo, size, need = i64(A, 4 * A), i64(2 * A, 2 * A), i64(900 + A, A + 123)
+        ptr, src, nb = i64(0, 2, 3), i64(5, 900, 100), i64(700, A, 23)
+        out = [np.zeros(n, np.uint8) for n in nb]
+        dst = i64(*[o.ctypes.data for o in out])
+        got, err = np.zeros(2, np.int64), np.full(2, -7, np.int64)
+        assert read_direct_ranges(fd, lo, size, need, bounce.ctypes.data, ptr, src, nb, dst, 0, 2, got, err,
+                                  3, 0, A) == -1
+        assert got.tolist() == [2 * A, A + 123] and err.tolist() == [0, 0]
+        for o, start in zip(out, [A + 5, A + 900, 4 * A + 100]):
+            np.testing.assert_array_equal(o, data[start:start + o.shape[0]])
+        # past the end: 0 bytes, retried, then reported short (nothing copied)
+        out[2][:] = 0
+        lo2, need2 = i64(A, 6 * A), i64(900 + A, 10)
+        assert read_direct_ranges(fd, lo2, size, need2, bounce.ctypes.data, ptr, src, nb, dst, 0, 2, got, err,
+                                  3, 0, A) == 1
+        assert got[1] == 0 and err[1] == 0 and not out[2].any()
+        # misaligned offset: O_DIRECT refuses it (EINVAL), not retried, range 0 reported
+        lo3 = i64(A + 1, 4 * A)
+        assert read_direct_ranges(fd, lo3, size, need, bounce.ctypes.data, ptr, src, nb, dst, 0, 2, got, err,
+                                  3, 0, A) == 0
+        assert err[0] == errno.EINVAL
+    finally:
+        os.close(fd)
+
+
+def test_direct_jobs_spread_over_the_pool(dataset, monkeypatch):
+    """With O_DIRECT a call's unfiltered ranges are cut into jobs for the pool's workers (a call of many
+    ranges is not one serial job), every range in exactly one job, each job one file."""
+    import threading
+    import time
+    from solar.io import pread_reader
+    layout, _ = dataset("ptychonn", "contiguous")
+    seen, real = [], pread_reader.read_direct_ranges
+
+    def slow(fd, lo, size, need, bounce, ptr, src, nbytes, dst, r0, r1, *rest):
+        seen.append((threading.get_ident(), r0, r1))
+        time.sleep(0.005)  # long enough for the other workers to take the next jobs
+        return real(fd, lo, size, need, bounce, ptr, src, nbytes, dst, r0, r1, *rest)
+    monkeypatch.setattr(pread_reader, "read_direct_ranges", slow)
+    blocks = np.arange(0, layout.n_blocks, 2)
+    with get_reader("h5py", layout) as h5:
+        ref, _ = _read(h5, layout, blocks)
+    with get_reader("pread", layout, threads=4, direct_io=True, coalesce=False) as reader:
+        got, stats = _read(reader, layout, blocks)
+    assert stats.n_reads == blocks.shape[0]  # one range per block
+    for b in blocks.tolist():
+        np.testing.assert_array_equal(got[b], ref[b])
+    spans = sorted((a, b) for _, a, b in seen)
+    assert spans[0][0] == 0 and all(x[1] == y[0] for x, y in zip(spans, spans[1:]))
+    assert len(spans) > 1 and len({t for t, _, _ in seen}) > 1

@@ -6,6 +6,8 @@ more than the advice itself (~15 us).  :func:`fadvise_ranges` issues them all at
 """
 from __future__ import annotations
 
+import errno
+
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
@@ -56,3 +58,104 @@ def fadvise_ranges(fds, starts, lengths, advice: int, align: int = 1) -> int:
     lo, hi = lo - lo % align, -(-hi // align) * align
     order = np.lexsort((lo, fds))
     return int(_advise_merged(fds[order], lo[order], hi[order], int(advice)))
+
+
+# ------------------------------------------------------------------ O_DIRECT range reads
+_I32, _I64, _PTR = ir.IntType(32), ir.IntType(64), ir.IntType(8).as_pointer()
+
+
+def _call(builder, name: str, ret, args, values):
+    """Call libc ``name`` (llvmlite types ``ret``/``args``); an ``i8*`` argument is given as an int64 address."""
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ret, args), name)
+    return builder.call(fn, [builder.inttoptr(v, _PTR) if a == _PTR else v for v, a in zip(values, args)])
+
+
+@intrinsic
+def _pread(typingctx, fd, addr, count, offset):
+    """libc ``pread(int fd, void *buf, size_t count, off_t offset) -> ssize_t``, ``buf`` an int64 address."""
+    def codegen(context, builder, signature, args):
+        return _call(builder, "pread", _I64, [_I32, _PTR, _I64, _I64], args)
+    return types.int64(types.int32, types.int64, types.int64, types.int64), codegen
+
+
+@intrinsic
+def _memcpy(typingctx, dst, src, count):
+    """libc ``memcpy`` between two int64 addresses."""
+    def codegen(context, builder, signature, args):
+        _call(builder, "memcpy", _PTR, [_PTR, _PTR, _I64], args)
+        return context.get_dummy_value()
+    return types.void(types.int64, types.int64, types.int64), codegen
+
+
+@intrinsic
+def _usleep(typingctx, us):
+    """libc ``usleep(useconds_t)``."""
+    def codegen(context, builder, signature, args):
+        return _call(builder, "usleep", _I32, [_I32], args)
+    return types.int32(types.int32), codegen
+
+
+@intrinsic
+def _errno(typingctx):
+    """This thread's ``errno`` (glibc and musl: ``int *__errno_location(void)``)."""
+    def codegen(context, builder, signature, args):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_I32.as_pointer(), []),
+                                            "__errno_location")
+        return builder.load(builder.call(fn, []))
+    return types.int32(), codegen
+
+
+#: errno values a read retries, as ``pread_reader.TRANSIENT_ERRNOS`` (constants when a kernel compiles)
+_EINTR, _EAGAIN, _EIO = errno.EINTR, errno.EAGAIN, errno.EIO
+
+
+@njit(nogil=True, cache=True)
+def read_direct_ranges(fd, lo, size, need, bounce, ptr, src, nbytes, dst, r0, r1, got, err,
+                       retries, backoff_us, align):
+    """``O_DIRECT`` reads of ranges ``r0..r1-1`` of descriptor ``fd``, each copied out block by block,
+    in one GIL-free call (one Python call for many ranges: a worker thread holds the GIL only to start it).
+
+    Range r: ``pread`` from the aligned offset ``lo[r]`` into the page-aligned buffer at address
+    ``bounce`` (``size[r]`` bytes: the aligned window) until ``need[r]`` bytes are in or the file ends;
+    then its blocks k in ``ptr[r]:ptr[r+1]`` are copied, ``nbytes[k]`` bytes from ``bounce + src[k]``
+    to the address ``dst[k]``.  int64 arrays: ``lo``/``size``/``need``/``got``/``err`` one per range,
+    ``ptr`` one more, ``src``/``nbytes``/``dst`` one per block.  Retries as
+    ``pread_reader.pread_direct``: a read returning 0 bytes or failing with EINTR/EAGAIN/EIO is tried
+    again up to ``retries`` times, sleeping ``backoff_us * 2**k`` us before try k; a read ending
+    between ``align`` multiples goes on from its aligned part (shorter than ``align``: the file's end).
+    Sets ``got[r]`` (bytes read) and ``err[r]`` (the errno of a failed read, else 0).  Returns the first
+    range left short or failed (its blocks not copied, later ranges not read), or -1 when all are in.
+    """
+    for r in range(r0, r1):
+        done = 0
+        failures = 0
+        while done < need[r]:
+            n = _pread(fd, bounce + done, size[r] - done, lo[r] + done)
+            if n < 0:
+                e = _errno()
+                if (e != _EINTR and e != _EAGAIN and e != _EIO) or failures >= retries:
+                    got[r] = done
+                    err[r] = e
+                    return r
+            if n <= 0:  # 0: the end of the file, or a storage hiccup
+                if failures >= retries:
+                    break
+                _usleep(backoff_us << failures)
+                failures += 1
+                continue
+            if done + n >= need[r]:
+                done += n
+                break
+            if n % align:  # short: keep the aligned part and read on from there
+                if n < align:
+                    done += n  # the file ends inside this block
+                    break
+                n -= n % align
+            done += n
+        got[r] = done
+        err[r] = 0
+        if done < need[r]:
+            return r
+        for k in range(ptr[r], ptr[r + 1]):
+            _memcpy(dst[k], bounce + src[k], nbytes[k])
+    return -1

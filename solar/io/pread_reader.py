@@ -21,6 +21,9 @@ scratch memory (one buffer of at most ``max_read`` bytes per thread).
 ``direct_io`` (default ``"auto"``) opens the files with ``O_DIRECT``: every range is read, rounded
 out to :data:`DIRECT_ALIGN`, into a page-aligned per-thread bounce buffer (HDF5 places data at
 unaligned offsets, so reads cannot land in the caller's arrays), then copied or decoded from there.
+Ranges whose blocks need no decoding are cut into jobs of up to 16 ranges of one file, and a worker reads
+a job in one GIL-free numba call (:func:`~solar.io.kernels.read_direct_ranges`: ``pread`` into the bounce
+buffer, ``memcpy`` into the caller's arrays, the retries of :func:`pread_direct`), not in Python per range.
 Nothing goes through the page cache (the buffer is the only copy: its budget is the memory used), and
 the kernel's share of a read is about halved (measured: docs/runtime.md).  A file whose file system has
 no direct I/O (tmpfs, some FUSE mounts: ``open`` fails with EINVAL) is read through the page cache
@@ -65,7 +68,7 @@ from .block_plan import (
 )
 from .coalesce import CoalescePolicy
 from .fdcache import FileCache, open_file_budget
-from .kernels import fadvise_ranges
+from .kernels import fadvise_ranges, read_direct_ranges
 from .reader import BlockReader, ReadStats, register
 
 try:
@@ -96,6 +99,30 @@ class _ReadPlan(NamedTuple):
     stored: np.ndarray
     direct: np.ndarray
     whole: np.ndarray
+
+
+class _DirectJobs(NamedTuple):
+    """A call's work as J jobs for the pool's workers when files are read with ``O_DIRECT``.
+
+    Job j is ranges ``cut[j]:cut[j+1]`` (int64[J+1]) of one file.  ``kernel`` (bool[J]): every block
+    of the job's ranges needs no decoding, so one :func:`~solar.io.kernels.read_direct_ranges` call
+    reads them all and copies the blocks out without the GIL; else its ranges go one by one through
+    ``_read_range`` (decoding).  ``bounce`` (int64[J]): the bounce buffer the job needs.  Per range
+    (int64[R]): ``lo``/``size``, the aligned window, ``need`` the bytes up to the range's end, ``got``/
+    ``err`` the kernel's results.  Per block in plan order (int64[m]): ``src``, its offset in the
+    window, ``dst``, the address of its output array.
+    """
+
+    cut: np.ndarray
+    kernel: np.ndarray
+    bounce: np.ndarray
+    lo: np.ndarray
+    size: np.ndarray
+    need: np.ndarray
+    got: np.ndarray
+    err: np.ndarray
+    src: np.ndarray
+    dst: np.ndarray
 
 
 # a read that fails with one of these, or returns no bytes before the end of the request, is tried
@@ -205,6 +232,14 @@ def pread_direct(fd: int, buf: memoryview, offset: int, need: int, *, retries: i
     return done
 
 
+def _direct_failed(layout, block: int, start: int, length: int, code, why) -> DecodeError:
+    """The error of an ``O_DIRECT`` read of bytes ``[start, start + length)`` (first block ``block``) that
+    failed with errno ``code``: tried ``READ_RETRIES + 1`` times if ``code`` is transient, else once."""
+    tries = READ_RETRIES + 1 if code in TRANSIENT_ERRNOS else 1
+    return DecodeError(f"reading {chunk_where(layout, block)}: bytes [{start}, {start + length}) with O_DIRECT "
+                       f"failed ({tries} tries): {why}")
+
+
 def max_open_option(value, reader: str) -> int:
     """The ``max_open`` option checked: an integer >= 1, or None for :func:`open_file_budget`."""
     if value is None:
@@ -305,6 +340,15 @@ class PreadReader(BlockReader):
             buf = self._local.direct = mmap.mmap(-1, max(-(-nbytes // DIRECT_ALIGN) * DIRECT_ALIGN, 1 << 20))
         return memoryview(buf)
 
+    def _bounce_addr(self, nbytes: int) -> int:
+        """The address of this thread's :meth:`_bounce` buffer, grown to at least ``nbytes``."""
+        self._bounce(nbytes)
+        buf = self._local.direct
+        if getattr(self._local, "direct_of", None) is not buf:
+            self._local.direct_addr = np.frombuffer(buf, np.uint8).ctypes.data  # the mmap stays in _local
+            self._local.direct_of = buf
+        return self._local.direct_addr
+
     def close(self) -> None:
         if self._pool is not None and os.getpid() == self._pid:
             self._pool.shutdown(wait=True)
@@ -328,15 +372,17 @@ class PreadReader(BlockReader):
         stats = ReadStats(bytes_read=int(plan.length.sum()))
         if R == 0:
             return stats
+        jobs = self._direct_jobs(plan, out) if self.direct else None
+        n_jobs = R if jobs is None else jobs.kernel.shape[0]
         counter, failed = itertools.count(), []
-        if self.threads == 1 or R == 1:
-            self._work(plan, blocks, out, counter, failed)
+        if self.threads == 1 or n_jobs == 1:
+            self._work(plan, jobs, n_jobs, blocks, out, counter, failed)
         else:
             with self._pool_lock:  # the buffer calls read_blocks from several I/O threads: one pool
                 if self._pool is None:
                     self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="solar-pread")
-            futs = [self._pool.submit(self._work, plan, blocks, out, counter, failed)
-                    for _ in range(min(self.threads, R))]
+            futs = [self._pool.submit(self._work, plan, jobs, n_jobs, blocks, out, counter, failed)
+                    for _ in range(min(self.threads, n_jobs))]
             wait(futs)  # every worker has finished writing into `out` before we return or raise
         if failed:
             raise failed[0]
@@ -392,17 +438,66 @@ class PreadReader(BlockReader):
         return _ReadPlan(np.concatenate(file), np.concatenate(start), length, ptr, pos, np.concatenate(rel), stored,
                          direct, whole)
 
-    def _work(self, plan: _ReadPlan, blocks, out, counter, failed: list) -> None:
-        """Read ranges ``next(counter)`` until none is left or a worker has failed (``failed``)."""
+    def _direct_jobs(self, plan: _ReadPlan, out) -> _DirectJobs:
+        """The call's ranges cut into jobs (:class:`_DirectJobs`): runs of ranges of one file whose blocks
+        all need no decoding, up to ``k`` ranges a job, k chosen so that every worker gets about 4 jobs
+        (at least 1, at most 16 ranges: one GIL hand-off per job, a slow read delays only its job)."""
         R = plan.start.shape[0]
+        direct = np.logical_and.reduceat(plan.direct, plan.ptr[:-1])  # bool[R]: no block to decode
+        start, end = plan.start, plan.start + plan.length
+        lo = start - start % DIRECT_ALIGN
+        size = -(-end // DIRECT_ALIGN) * DIRECT_ALIGN - lo
+        brk = np.ones(R + 1, dtype=bool)  # brk[r]: a job starts at range r (brk[R]: the end)
+        brk[1:R] = (plan.file[1:] != plan.file[:-1]) | ~direct[1:] | ~direct[:-1]
+        k = max(1, min(16, R // (4 * self.threads)))  # also cut each run every k ranges
+        first = np.flatnonzero(brk[:R])
+        run_start = first[np.cumsum(brk[:R]) - 1]  # int64[R]: the first range of r's run
+        brk[:R] |= (np.arange(R) - run_start) % k == 0
+        cut = np.flatnonzero(brk)
+        counts = np.diff(plan.ptr)
+        addr = np.fromiter((o.__array_interface__["data"][0] for o in out), dtype=np.int64, count=len(out))
+        return _DirectJobs(cut, direct[cut[:-1]], np.maximum.reduceat(size, cut[:-1]), lo, size, end - lo,
+                           np.zeros(R, np.int64), np.zeros(R, np.int64),
+                           np.repeat(start - lo, counts) + plan.rel, addr[plan.pos])
+
+    def _work(self, plan: _ReadPlan, jobs, n_jobs: int, blocks, out, counter, failed: list) -> None:
+        """Do jobs (ranges, or :class:`_DirectJobs`) ``next(counter)`` until none is left or a worker
+        has failed (``failed``)."""
         try:
             while not failed:
-                r = next(counter)  # atomic under the GIL: every range is read by exactly one worker
-                if r >= R:
+                j = next(counter)  # atomic under the GIL: every job is done by exactly one worker
+                if j >= n_jobs:
                     return
-                self._read_range(plan, r, blocks, out)
+                if jobs is None:
+                    self._read_range(plan, j, blocks, out)
+                elif not (jobs.kernel[j] and self._read_job_direct(plan, jobs, j, blocks)):
+                    for r in range(int(jobs.cut[j]), int(jobs.cut[j + 1])):
+                        self._read_range(plan, r, blocks, out)
         except BaseException as exc:  # noqa: BLE001 - raised by _read once every worker has stopped
             failed.append(exc)
+
+    def _read_job_direct(self, plan: _ReadPlan, jobs: _DirectJobs, j: int, blocks) -> bool:
+        """Job ``j`` in one GIL-free call (:func:`~solar.io.kernels.read_direct_ranges`); False (nothing
+        read) if its file was opened without O_DIRECT.  Errors as ``_read_range_direct``'s."""
+        a, b = int(jobs.cut[j]), int(jobs.cut[j + 1])
+        file = int(plan.file[a])
+        bounce = self._bounce_addr(int(jobs.bounce[j]))
+        with self._fd(file) as fd:
+            if file in self._buffered:
+                return False
+            bad = read_direct_ranges(fd, jobs.lo, jobs.size, jobs.need, bounce, plan.ptr, jobs.src, plan.stored,
+                                     jobs.dst, a, b, jobs.got, jobs.err, READ_RETRIES,
+                                     int(RETRY_BACKOFF_S * 1e6), DIRECT_ALIGN)
+        if bad >= 0:
+            lay, r = self.layout, int(bad)
+            start, length = int(plan.start[r]), int(plan.length[r])
+            pos = plan.pos[plan.ptr[r]:plan.ptr[r + 1]]
+            e = int(jobs.err[r])
+            if e:
+                raise _direct_failed(lay, int(blocks[pos[0]]), start, length, e, os.strerror(e))
+            raise short_read_error(lay, blocks[pos], start + plan.rel[plan.ptr[r]:plan.ptr[r + 1]],
+                                   int(jobs.lo[r] + jobs.got[r]))
+        return True
 
     def _read_range(self, plan: _ReadPlan, r: int, blocks, out) -> None:
         """One scatter preadv for range ``r``, then decode its compressed blocks into ``out``."""
@@ -448,9 +543,7 @@ class PreadReader(BlockReader):
                     return False
                 got = pread_direct(fd, buf[:hi - lo], lo, start + length - lo)
         except OSError as exc:
-            tries = READ_RETRIES + 1 if exc.errno in TRANSIENT_ERRNOS else 1
-            raise DecodeError(f"reading {chunk_where(lay, int(blocks[pos[0]]))}: bytes [{start}, {start + length})"
-                              f" with O_DIRECT failed ({tries} tries): {exc.strerror or exc}") from None
+            raise _direct_failed(lay, int(blocks[pos[0]]), start, length, exc.errno, exc.strerror or exc) from None
         if got < start + length - lo:
             raise short_read_error(lay, blocks[pos], start + rel, lo + got)
         skip = start - lo
