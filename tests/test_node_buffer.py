@@ -256,6 +256,15 @@ def run_node(comm, layout, plan, cfg, **kw):
         return out
     reader = get_reader("pread", layout, threads=2, max_gap=0)
     slow = kw.pop("slow", 0.0)
+    if kw.pop("slow_warm_up", False) and comm.rank % 2:  # odd ranks: the first read (a resume's warm-up) late
+        read, calls = reader.read_blocks, []
+
+        def late_first(blocks, out):
+            if not calls:
+                calls.append(1)
+                time.sleep(0.5)
+            return read(blocks, out)
+        reader.read_blocks = late_first
     batches = []
     n = max(1, cfg.local_batch)
     with NodeBufferManager(plan, comm.rank, demand_dict(Demand.from_layout(layout)), reader, assemble, comm=comm,
@@ -336,6 +345,48 @@ def test_resume_mid_plan_reads_what_is_resident(comm, well, split):
     if split == "leader":
         assert (mgr.warmup_bytes_read > 0) == (ncomm.rank == 0 and res.size > 0)
     ncomm.Free()
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("policy", ["solar-node", "solar-peer"])
+def test_resume_waits_for_every_ranks_warm_up(comm, well, policy):
+    """A resume: no rank writes a later step's block into a slot that another rank of its node is still
+    warming up (a block resident at the start, evicted unused); odd ranks' warm-up reads come late."""
+    layout, ref = well
+    L = 2 if comm.size % 2 == 0 else 1
+    cfg, plan = plan_for(comm, layout, L, policy, 0.25)
+    S = plan.steps_per_epoch
+    mine = plan.rank(comm.rank)
+    for start in (S - 2, S + 1, S + 3):
+        batches, tot, _ = run_node(comm, layout, plan, cfg, start=start, slow_warm_up=True)
+        check_batches(batches, ref, mine["samples"][mine["samples_ptr"][start]:])
+        assert tot.plan_violations == 0
+
+
+@pytest.mark.mpi
+def test_ranks_that_stop_together_close_without_error(comm, well):
+    """Every rank takes the same first steps and closes (a job stopped mid-plan); odd ranks consume slowly,
+    so they still take their last steps after the others closed: no error, the batches right."""
+    layout, ref = well
+    L = 2 if comm.size % 2 == 0 else 1
+    cfg, plan = plan_for(comm, layout, L, "solar-node", 0.25)
+    mine = plan.rank(comm.rank)
+    asm = BatchAssembler(layout)
+
+    def assemble(g, samples, lookup):
+        return dict(asm(g, samples, lookup), index=samples)
+    for n in (3, plan.steps_per_epoch + 1):
+        reader = get_reader("pread", layout, threads=2, max_gap=0)
+        with NodeBufferManager(plan, comm.rank, demand_dict(Demand.from_layout(layout)), reader, assemble,
+                               comm=comm, budget=cfg.buffer_bytes, batch_bytes=batch_bytes(layout, 2), prefetch=1,
+                               io_depth=1, timeout=60) as mgr:
+            batches = []
+            for g in range(n):
+                batches.append(mgr.get(g))
+                time.sleep(0.1 if comm.rank % 2 else 0.0)
+        reader.close()
+        check_batches(batches, ref, mine["samples"][:mine["samples_ptr"][n]])
+        comm.Barrier()
 
 
 @pytest.mark.mpi

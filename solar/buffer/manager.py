@@ -111,6 +111,7 @@ class StepQueue:
 
     _error_cls = SolarError
     _what = "buffer"
+    _waiting: Optional[int] = None  # under _cv: the step a consumer waits for in get (None: not waiting)
 
     def get(self, g: int):
         """The assembled step ``g`` (waits for it; the wait is the step's stall time)."""
@@ -119,7 +120,9 @@ class StepQueue:
         t0 = time.perf_counter()
         with self._cv:
             while g not in self._ready and self._error is None and not self._closed:
+                self._waiting = g
                 self._cv.wait(0.5)
+            self._waiting = None
             if self._error is not None:
                 raise self._error
             if self._closed:

@@ -251,8 +251,12 @@ class NodeBufferManager(StepQueue):
             self.ncomm = node_comm(comm, self.node)
             if self.transfers:
                 self.xcomm = comm.Dup()
+        # a resume: DONE starts a step lower and reaches start - 1 once this rank's warm-up reads are in. A slot
+        # that holds a block at ``start`` is reused by a load that waits for DONE >= start - 1 on every rank of
+        # the node (assign_slots' ``after``), so no rank overwrites a slot that another one is still warming up
         self.shm = SharedPools(self.ncomm if self.L > 1 else None, self.class_bytes2, self.slots2,
-                               self.memory.window, init=self.start - 1)
+                               self.memory.window, init=self.start - 1,
+                               done_init=self.start - 2 if self.start > 0 else None)
         self.pools = self.shm.pools
 
     # ------------------------------------------------------------------ consumer: StepQueue (get, release)
@@ -346,6 +350,7 @@ class NodeBufferManager(StepQueue):
         try:
             if self.start > 0:
                 self._warm_up()
+                self.shm.publish(DONE, self.start - 1)  # this rank's share of the resident blocks is in
             self._loop(io)
         except _Closed:
             return
@@ -489,15 +494,21 @@ class NodeBufferManager(StepQueue):
         node's other ranks (not for this rank's consumer), raise NodeBufferError.  Returns whether this
         rank waits for its own consumer (its queue full, or reads as far ahead as allowed)."""
         flags = self.shm.counters(FLAG)
-        waits = []  # (local rank, what) this rank waits for
+        waits = []  # (local rank, what, step) this rank waits for, to make that step
         if booked and booked[0].g <= pub_read:
             g = booked[0].g
-            waits += [(j, f"its reads of step {g}") for j in np.flatnonzero(reads < g).tolist()]
+            waits += [(j, f"its reads of step {g}", g) for j in np.flatnonzero(reads < g).tolist()]
         if g_book < self.stop and len(booked) < self.io_depth:
             a = int(self.after[g_book])
-            waits += [(j, f"its step {a} to be assembled") for j in np.flatnonzero(dones < a).tolist()]
-        for j, what in waits:
-            if j != self.local and flags[j] == CLOSED:
+            what = f"its step {a} to be assembled" if a >= self.start else \
+                f"its warm-up reads (the blocks resident at step {self.start})"
+            waits += [(j, what, g_book) for j in np.flatnonzero(dones < a).tolist()]
+        with self._cv:
+            wanted = self._waiting  # the step this rank's consumer waits for in get (None: it is not waiting)
+        for j, what, g in waits:
+            # a closed rank ends this one only once its consumer waits for what that rank will not give: steps
+            # prefetched beyond what the consumer took may never be asked for (the ranks close together)
+            if j != self.local and flags[j] == CLOSED and wanted is not None and g <= wanted:
                 raise NodeBufferError(f"rank {self.node * self.L + j} closed its node buffer while rank {self.rank} "
                                       f"waits for {what}: every rank of a node must close together")
         with self._cv:
@@ -506,7 +517,7 @@ class NodeBufferManager(StepQueue):
         if consumer_bound:
             return True
         if self.timeout is not None and idle_s > self.timeout:
-            who = ", ".join(f"rank {self.node * self.L + j} ({what})" for j, what in waits) or "other nodes' transfers"
+            who = ", ".join(f"rank {self.node * self.L + j} ({what})" for j, what, _ in waits) or "other nodes' transfers"
             raise NodeBufferError(f"rank {self.rank} made no progress for {idle_s:.0f} s waiting for {who} (node "
                                   f"{self.node}: READ {reads.tolist()}, DONE {dones.tolist()}; next step to book "
                                   f"{g_book})")

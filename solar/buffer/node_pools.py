@@ -22,7 +22,7 @@ from __future__ import annotations
 import platform
 import time
 from dataclasses import asdict, dataclass
-from typing import Callable, Dict
+from typing import Callable, Dict, Optional
 
 import numba as nb
 import numpy as np
@@ -314,10 +314,12 @@ class SharedPools:
     memory).  Local rank 0 allocates the whole window, the others map it
     (``Win.Shared_query(0)``); each rank faults in its share of the pages at start.  Counters
     (:data:`READ`, :data:`RECV`, :data:`DONE`, :data:`FLAG`) have one writer each: local rank j
-    writes row j.
+    writes row j.  They start at ``init`` (the step before the first), DONE at ``done_init`` where
+    given (a resume: lower until the rank's warm-up reads are in).
     """
 
-    def __init__(self, ncomm, class_bytes2: np.ndarray, slots2: np.ndarray, window_bytes: int, init: int = -1):
+    def __init__(self, ncomm, class_bytes2: np.ndarray, slots2: np.ndarray, window_bytes: int, init: int = -1,
+                 done_init: Optional[int] = None):
         self.ncomm = ncomm
         self.L = ncomm.Get_size() if ncomm is not None else 1
         self.local = ncomm.Get_rank() if ncomm is not None else 0
@@ -352,7 +354,8 @@ class SharedPools:
         lo = hb + self.local * share
         buf[lo:min(buf.shape[0], lo + share)] = 0
         self.messages[self.local, :] = 0
-        self.header[READ, self.local, 0] = self.header[DONE, self.local, 0] = int(init)
+        self.header[READ, self.local, 0] = int(init)
+        self.header[DONE, self.local, 0] = int(init if done_init is None else done_init)
         self.header[RECV, self.local, 0] = int(init)
         self.header[FLAG, self.local, 0] = RUNNING
         self.barrier()
