@@ -35,6 +35,14 @@ def _check_keys(rep: dict, n_epochs: int):
         after = ep["disk_random_read_gbps_after"]
         assert after > 0 and la == pytest.approx(ep["storage_bytes"] / (max(before, after) * 1e9) / ep["seconds"])
         before = after
+    if rep["solar"]["reader"] == "pread":  # each epoch's own reads, replayed bare after it (all: a tiny file)
+        for ep, lr in zip(rep["solar"]["epochs"], rep["limit_ratio_replay"]):
+            assert ep["replay_bytes"] == ep["storage_bytes"] and (ep["replay_reads"] > 0) == (ep["storage_bytes"] > 0)
+            if ep["storage_bytes"]:
+                assert ep["replay_gbps"] > 0
+                assert lr == pytest.approx(ep["storage_bytes"] / (ep["replay_gbps"] * 1e9) / ep["seconds"])
+            else:  # nothing read (all resident): nothing to replay
+                assert ep["replay_gbps"] is None and lr is None
     assert "memory_limit_bytes" in rep and rep["memory_method"]
     dec = rep["decode"]  # None: no filtered block; else the cpu limit and the slower-of-two ratio per epoch
     if dec is not None:
@@ -65,8 +73,9 @@ def test_bench_report(comm, shared_tmp):
     assert rep["solar"]["epochs"][0]["storage_bytes"] > 0
     assert "posix_fadvise" in rep["cache"] and rep["memory_limit_bytes"] is None
     text = format_report(rep)
-    for word in ("speedup", "vs best", "limit_ratio", "disk cold sequential read", "disk cold random read",
-                 "baseline memmap: skipped", "h5py-cache", "disk cold random read after each solar epoch"):
+    for word in ["speedup", "vs best", "limit_ratio", "disk cold sequential read", "disk cold random read",
+                 "baseline memmap: skipped", "h5py-cache", "disk cold random read after each solar epoch"] + (
+                 ["replayed bare right after it"] if rep["solar"]["reader"] == "pread" else []):
         assert word in text
 
 

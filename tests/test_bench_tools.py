@@ -22,7 +22,7 @@ from solar.bench import (
 )
 from solar.bench import cache as cache_mod
 from solar.bench.baseline import BASELINES, BatchSamples, baseline_dataset, skip_reason
-from solar.bench.disk import cold_parallel_sequential_read, cold_random_read, typical_block
+from solar.bench.disk import cold_parallel_sequential_read, cold_random_read, replay_reads, typical_block
 from solar.errors import SolarError
 from solar.layout import load_layout
 from solar.scheduler.sampler import sampler_sizes
@@ -328,6 +328,42 @@ def test_cold_random_read_reads_the_blocks(tmp_path):
         cold_random_read([path], ext, depth=0)
     with pytest.raises(SolarError, match="no extents"):
         cold_random_read([path], np.zeros((0, 3), dtype=np.int64))
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_replay_reads_the_recorded_extents(tmp_path, direct):
+    """Unaligned extents of two files, in their order; bytes count the extents' own bytes."""
+    paths = [_write(tmp_path / "a.bin", MIB + 100), _write(tmp_path / "b.bin", 3000)]
+    ext = np.array([[0, 5, 70_000], [1, 0, 3000], [0, MIB - 4000, 4100], [0, 200_000, 1]], dtype=np.int64)
+    r = replay_reads(paths, ext, depth=3, direct=direct)
+    assert r["bytes"] == int(ext[:, 2].sum()) and r["reads"] == 4 and r["depth"] == 3 and r["bytes_per_s"] > 0
+    assert r["direct"] in ((True, False) if direct else (False,))  # a file system without O_DIRECT: buffered
+    assert ("O_DIRECT" in r["method"]) == r["direct"]
+    capped = replay_reads(paths, np.repeat(ext[:1], 64, axis=0), depth=2, max_bytes=200_000, direct=direct)
+    assert 200_000 <= capped["bytes"] < 64 * 70_000 and capped["reads"] < 64
+    assert replay_reads(paths, np.zeros((0, 3), np.int64))["bytes"] == 0
+
+
+def test_pread_reader_trace_is_what_it_read(tmp_path):
+    """The reader's trace (what `solar bench` replays) holds each call's ranges: their bytes are its bytes_read."""
+    from solar.io import get_reader
+    layout = load_layout(make_dataset(tmp_path, "ptychonn", "gzip"))
+    rd = get_reader("pread", layout, threads=2)
+    try:
+        rd.trace = []
+        blocks = np.arange(0, layout.block_stored.shape[0], 2, dtype=np.int64)
+        out = [np.empty(int(n), np.uint8) for n in layout.block_nbytes[blocks]]
+        st = rd.read_blocks(blocks, out)
+        ext = np.concatenate(rd.trace)
+        assert ext.shape[1] == 3 and int(ext[:, 2].sum()) == st.bytes_read > 0
+        on = layout.block_offset[blocks] >= 0
+        lo, hi = ext[:, 1], ext[:, 1] + ext[:, 2]  # every block on storage lies inside a traced range of its file
+        for b in blocks[on].tolist():
+            f = layout.datasets[int(layout.block_dataset[b])].file
+            off, n = int(layout.block_offset[b]), int(layout.block_stored[b])
+            assert ((ext[:, 0] == f) & (lo <= off) & (off + n <= hi)).any(), b
+    finally:
+        rd.close()
 
 
 def test_cold_parallel_sequential_read(tmp_path):

@@ -30,12 +30,15 @@ def rss_bytes() -> int:
 def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float = 0.0, drop_cache=None,
               reader: Optional[str] = None, threads: int = 16, prefetch: int = DEFAULT_PREFETCH, progress: bool = False,
               abort_on_error: bool = True, reader_options: Optional[dict] = None,
-              probe: Optional[Callable[[], float]] = None) -> dict:
+              probe: Optional[Callable[[], float]] = None, replay: bool = True) -> dict:
     """Time SolarLoader epoch by epoch, measured as the baseline is (drop, barrier, timed loop).
 
     ``abort_on_error``: passed to SolarLoader (an error on one rank aborts the job).  ``probe``: called by
     every rank after each epoch (outside the timer), its result (the disk's cold random-read GB/s then) kept
-    as the epoch's ``disk_random_read_gbps_after``."""
+    as the epoch's ``disk_random_read_gbps_after``.  ``replay``: where the reader records its reads
+    (``pread``), every rank replays the start of its epoch's reads bare after the epoch (outside the timer,
+    all ranks at once, as many in flight as the reader's threads: :func:`solar.bench.disk.replay_reads`);
+    the aggregate rate is the epoch's ``replay_gbps``, the disk's speed for exactly this access pattern."""
     from ..loader import SolarLoader
     from ..mpi import sleep_barrier
     from .cache import largest_left
@@ -45,6 +48,7 @@ def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float
                          as_torch=True, epoch_fence=True, abort_on_error=abort_on_error, reader_options=reader_options)
     out = {"reader": loader.reader_name, "reader_options": dict(reader_options or {}), "epochs": []}
     nodes = loader.nodes is not None  # a node plan: transfers between nodes are counted too
+    tracer = loader.reader if replay and hasattr(loader.reader, "trace") else None
     predicted = loader.schedule.predicted()
     peak_rss = rss0
     try:
@@ -59,6 +63,8 @@ def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float
                 bar = tqdm(total=len(loader), desc=f"solar epoch {e}", unit="batch", leave=False)
             check = set(np.linspace(0, len(loader) - 1, VERIFY).round().astype(int).tolist())  # steps checked
             picked = []  # (sample id, {field: tensor}): the first sample of each checked step, checked after
+            if tracer is not None:
+                tracer.trace = []  # the epoch's reads (the fence: none of them was issued before its timer)
             t0 = time.perf_counter()
             samples = 0
             for i, batch in enumerate(loader):
@@ -97,6 +103,8 @@ def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float
                 block_storage_bytes=sum(x[16] for x in per_rank), predicted_storage_bytes=int(planned),
                 storage_vs_plan=read / planned if planned else None,
                 blocks_vs_plan=sum(x[16] for x in per_rank) / planned if planned else None))
+            if tracer is not None:
+                out["epochs"][-1].update(_replay(tracer, layout, comm, threads))
             if probe is not None:
                 out["epochs"][-1]["disk_random_read_gbps_after"] = probe()
             if nodes:  # decoded bytes moved between nodes, as run and as planned
@@ -116,6 +124,21 @@ def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float
     finally:
         loader.close()
     return out
+
+
+def _replay(reader, layout, comm, depth: int) -> dict:
+    """Every rank replays the reads ``reader`` recorded this epoch (bare, at once); the aggregate rate."""
+    from ..mpi import sleep_barrier
+    from .disk import replay_reads
+    trace, reader.trace = reader.trace, None
+    ext = np.concatenate(trace) if trace else np.zeros((0, 3), np.int64)  # int64[reads, 3]
+    sleep_barrier(comm)
+    r = replay_reads(layout.files, ext, depth=depth, direct=bool(getattr(reader, "direct", False)))
+    got = comm.allgather((r["bytes"], r["seconds"], r["reads"], r["direct"]))
+    secs = max(g[1] for g in got)
+    nbytes = sum(g[0] for g in got)
+    return dict(replay_gbps=nbytes / secs / 1e9 if secs and nbytes else None, replay_bytes=nbytes,
+                replay_reads=sum(g[2] for g in got), replay_direct=all(g[3] for g in got))
 
 
 #: Delivered samples per epoch and rank that each baseline's run checks against h5py (after the timer).
@@ -407,6 +430,10 @@ def _ratios(report: dict):
         near = max(before, after_ep if after_ep is not None else after["random_read_gbps"]) * 1e9
         ep["limit_ratio_adjacent"] = (ep["storage_bytes"] / near) / ep["seconds"] if ep["seconds"] else None
         before = after_ep if after_ep is not None else before
+        # against the same reads replayed bare right after the epoch (the disk's speed for this very pattern)
+        rep = ep.get("replay_gbps")
+        ep["limit_ratio_replay"] = (ep["storage_bytes"] / (rep * 1e9)) / ep["seconds"] if rep and ep["seconds"] \
+            else None
         if dec and dec["bytes_per_s"] and ep["seconds"]:
             # the slower of the two physical limits: the disk's random reads, the node's cores decoding
             cpu_s = ep["storage_bytes"] * dec["filtered_fraction"] / dec["bytes_per_s"]
@@ -414,6 +441,7 @@ def _ratios(report: dict):
             ep["physical_limit_ratio"] = max(cpu_s, ep["storage_bytes"] / rnd if rnd else 0.0) / ep["seconds"]
     report["limit_ratio"] = [ep["limit_ratio"] for ep in report["solar"]["epochs"]]
     report["limit_ratio_adjacent"] = [ep["limit_ratio_adjacent"] for ep in report["solar"]["epochs"]]
+    report["limit_ratio_replay"] = [ep["limit_ratio_replay"] for ep in report["solar"]["epochs"]]
     if dec:
         report["physical_limit_ratio"] = [ep.get("physical_limit_ratio") for ep in report["solar"]["epochs"]]
 
@@ -495,6 +523,12 @@ def format_report(r: dict) -> str:
                          + ", ".join(f"{ep['disk_random_read_gbps_after']:.2f}" for ep in eps)
                          + " GB/s; limit_ratio against the faster probe next to each epoch: "
                          + ", ".join(f"{ep['limit_ratio_adjacent']:.2f}" if ep.get("limit_ratio_adjacent") is not None
+                                     else "-" for ep in eps))
+        if any(ep.get("replay_gbps") for ep in eps):
+            lines.append("solar's own reads of each epoch replayed bare right after it: "
+                         + ", ".join(f"{ep['replay_gbps']:.2f}" if ep.get("replay_gbps") else "-" for ep in eps)
+                         + " GB/s; limit_ratio against that: "
+                         + ", ".join(f"{ep['limit_ratio_replay']:.2f}" if ep.get("limit_ratio_replay") is not None
                                      else "-" for ep in eps))
         if "ranks_per_node" in r["solar"]:
             lines.append("solar bytes sent between nodes per epoch (as run / planned): "

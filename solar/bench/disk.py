@@ -243,3 +243,75 @@ def cold_parallel_sequential_read(paths: Iterable[str], *, request: int = 8 * MI
                                           f"{request / MIB:g} MiB preadv requests front to back")
     r.update(depth=depth, request_bytes=request)
     return r
+
+
+def replay_reads(paths: Iterable[str], extents, *, depth: int = 16, direct: bool = True,
+                 max_bytes: int = 512 * MIB, max_seconds: float = 4.0, align: int = 4096) -> dict:
+    """The same reads again, bare: what the disk gives to exactly this access pattern at this depth.
+
+    ``extents``: int64[N, 3] rows ``(file index into paths, offset, bytes)`` in the order a reader
+    issued them (``PreadReader.trace``).  ``depth`` threads take the next extent from a shared cursor
+    and ``os.preadv`` it into their own buffer, nothing else, until all are read, ``max_bytes`` are
+    read or ``max_seconds`` pass (a prefix: the rate, not the epoch, is wanted).  ``direct``: with
+    ``O_DIRECT`` (the ``align``-aligned window around each extent, as the reader reads it); where a file
+    system refuses ``O_DIRECT``, or with ``direct=False``, the files are dropped from the page cache first
+    and hinted ``POSIX_FADV_RANDOM``.  Returns ``dict(bytes, reads, seconds, bytes_per_s, depth,
+    direct, method)``; ``bytes`` counts the extents' own bytes (not the alignment), as the reader's
+    ``bytes_read`` does, so ``bytes_per_s`` compares with its storage bytes per second.
+    """
+    import mmap
+    import threading
+
+    import numpy as np
+    paths = _paths(paths)
+    _check_depth(depth, max_bytes, max_seconds)
+    ext = np.asarray(extents, dtype=np.int64).reshape(-1, 3)
+    if ext.shape[0] == 0:
+        return dict(bytes=0, reads=0, seconds=0.0, bytes_per_s=None, depth=depth, direct=direct,
+                    method="nothing to replay")
+    used = np.unique(ext[:, 0]).tolist()
+    fds = {}
+    how = "O_DIRECT"
+    try:
+        for f in used:
+            try:
+                fds[f] = os.open(paths[f], os.O_RDONLY | (os.O_DIRECT if direct else 0))
+            except OSError as exc:
+                if not direct:
+                    raise SolarError(f"cannot open {paths[f]} for reading: {exc.strerror}") from None
+                direct = False  # this file system has no O_DIRECT: cold through the page cache instead
+                for fd in fds.values():
+                    os.close(fd)
+                fds = {}
+                break
+        if not direct:
+            how = drop_file_cache([paths[f] for f in used]) + ", then POSIX_FADV_RANDOM"
+            fds = dict(zip(used, _open_all([paths[f] for f in used], os.POSIX_FADV_RANDOM)))
+    except BaseException:
+        for fd in fds.values():
+            os.close(fd)
+        raise
+    a = align if direct else 1
+    lo = ext[:, 1] - ext[:, 1] % a
+    size = -(-(ext[:, 1] + ext[:, 2]) // a) * a - lo  # the window read, aligned at both ends
+    cursor, lock = [0], threading.Lock()
+    done = np.zeros((depth, 2), dtype=np.int64)  # extent bytes, reads per thread
+    deadline = [0.0]
+    cap = max_bytes // depth + 1
+
+    def work(t):
+        buf = memoryview(mmap.mmap(-1, int(size.max())))  # page-aligned, as O_DIRECT needs
+        while done[t, 0] < cap and time.perf_counter() < deadline[0]:
+            with lock:
+                k = cursor[0]
+                cursor[0] += 1
+            if k >= ext.shape[0]:
+                return
+            os.preadv(fds[int(ext[k, 0])], [buf[:int(size[k])]], int(lo[k]))
+            done[t, 0] += ext[k, 2]
+            done[t, 1] += 1
+    seconds = _timed(work, depth, list(fds.values()), deadline, max_seconds)
+    nbytes, reads = int(done[:, 0].sum()), int(done[:, 1].sum())
+    return dict(bytes=nbytes, reads=reads, seconds=seconds, bytes_per_s=nbytes / seconds if seconds else None,
+                depth=depth, direct=direct,
+                method=f"{how}: {depth} threads each issuing preadv of the recorded reads, in their order")

@@ -299,6 +299,9 @@ class PreadReader(BlockReader):
         self._pool_lock = threading.Lock()
         self._pid = os.getpid()
         self._local = threading.local()
+        #: None, or a list each call appends its reads to, as int64[R, 3] rows (file, offset, bytes) in the
+        #: order issued: ``solar bench`` replays an epoch's reads bare (:func:`solar.bench.disk.replay_reads`)
+        self.trace: list | None = None
 
     # ------------------------------------------------------------ resources
     def _fork_check(self):
@@ -372,6 +375,8 @@ class PreadReader(BlockReader):
         stats = ReadStats(bytes_read=int(plan.length.sum()))
         if R == 0:
             return stats
+        if self.trace is not None:
+            self.trace.append(np.stack([plan.file, plan.start, plan.length], axis=1))  # int64[R, 3]
         jobs = self._direct_jobs(plan, out) if self.direct else None
         n_jobs = R if jobs is None else jobs.kernel.shape[0]
         counter, failed = itertools.count(), []
