@@ -517,7 +517,8 @@ class NodeBufferManager(StepQueue):
         if consumer_bound:
             return True
         if self.timeout is not None and idle_s > self.timeout:
-            who = ", ".join(f"rank {self.node * self.L + j} ({what})" for j, what, _ in waits) or "other nodes' transfers"
+            who = ", ".join(f"rank {self.node * self.L + j} ({what})" for j, what, _ in waits) \
+                or "other nodes' transfers"
             raise NodeBufferError(f"rank {self.rank} made no progress for {idle_s:.0f} s waiting for {who} (node "
                                   f"{self.node}: READ {reads.tolist()}, DONE {dones.tolist()}; next step to book "
                                   f"{g_book})")
