@@ -6,6 +6,11 @@ import pytest
 from helpers import make_dataset
 
 
+def reads_s(ep: dict) -> float:
+    """An epoch's time without the buffer's start-up (epoch 0's ``startup_s``): what the limit ratios divide by."""
+    return ep["seconds"] - ep["startup_s"]
+
+
 def _check_keys(rep: dict, n_epochs: int):
     """The report's keys are present and sane (values are not speeds to check)."""
     assert len(rep["speedup"]) == n_epochs and all(x > 0 for x in rep["speedup"])
@@ -28,21 +33,24 @@ def _check_keys(rep: dict, n_epochs: int):
     rnd = max(d["random_read_gbps"], a["random_read_gbps"]) * 1e9
     assert rep["limit_random_read_gbps"] * 1e9 == pytest.approx(rnd)
     for ep, lr in zip(rep["solar"]["epochs"], rep["limit_ratio"]):
-        assert lr == pytest.approx(ep["storage_bytes"] / rnd / ep["seconds"]) and ep["limit_ratio"] == lr
+        assert lr == pytest.approx(ep["storage_bytes"] / rnd / reads_s(ep)) and ep["limit_ratio"] == lr
         assert ep["plan_violations"] == 0 and ep["page_cache_left"] is not None
     before = d["random_read_gbps"]  # and against the probes next to each epoch: the one before, the one after
     for ep, la in zip(rep["solar"]["epochs"], rep["limit_ratio_adjacent"]):
         after = ep["disk_random_read_gbps_after"]
-        assert after > 0 and la == pytest.approx(ep["storage_bytes"] / (max(before, after) * 1e9) / ep["seconds"])
+        assert after > 0 and la == pytest.approx(ep["storage_bytes"] / (max(before, after) * 1e9) / reads_s(ep))
         before = after
     if rep["solar"]["reader"] == "pread":  # each epoch's own reads, replayed bare after it (all: a tiny file)
         for ep, lr in zip(rep["solar"]["epochs"], rep["limit_ratio_replay"]):
             assert ep["replay_bytes"] == ep["storage_bytes"] and (ep["replay_reads"] > 0) == (ep["storage_bytes"] > 0)
             if ep["storage_bytes"]:
                 assert ep["replay_gbps"] > 0
-                assert lr == pytest.approx(ep["storage_bytes"] / (ep["replay_gbps"] * 1e9) / ep["seconds"])
+                assert lr == pytest.approx(ep["storage_bytes"] / (ep["replay_gbps"] * 1e9) / reads_s(ep))
             else:  # nothing read (all resident): nothing to replay
                 assert ep["replay_gbps"] is None and lr is None
+    eps = rep["solar"]["epochs"]  # start-up timed apart (SolarLoader.prepare), counted in epoch 0's samples/s
+    assert eps[0]["startup_s"] == rep["solar"]["startup_s"] > 0 and all(ep["startup_s"] == 0 for ep in eps[1:])
+    assert all(0 < reads_s(ep) <= ep["seconds"] for ep in eps)
     assert "memory_limit_bytes" in rep and rep["memory_method"]
     dec = rep["decode"]  # None: no filtered block; else the cpu limit and the slower-of-two ratio per epoch
     if dec is not None:
@@ -50,7 +58,7 @@ def _check_keys(rep: dict, n_epochs: int):
         dec = dict(dec, bytes_per_s=max(dec["bytes_per_s"], rep["decode_after"]["bytes_per_s"]))
         assert rep["limit_decode_gbps"] * 1e9 == pytest.approx(dec["bytes_per_s"])
         for ep, pr in zip(rep["solar"]["epochs"], rep["physical_limit_ratio"]):
-            cpu = ep["storage_bytes"] * dec["filtered_fraction"] / dec["bytes_per_s"] / ep["seconds"]
+            cpu = ep["storage_bytes"] * dec["filtered_fraction"] / dec["bytes_per_s"] / reads_s(ep)
             assert ep["decode_limit_ratio"] == pytest.approx(cpu) and pr == pytest.approx(max(cpu, ep["limit_ratio"]))
     json.dumps(rep)
 

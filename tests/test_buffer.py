@@ -130,6 +130,31 @@ def test_resume_from_state_dict(tmp_path):
     b.close()
 
 
+def test_prepare_builds_the_buffer_and_reads_nothing_before_the_first_batch(tmp_path):
+    """SolarLoader.prepare with the epoch fence: the buffer (pools, prefetch thread) is built, no block is
+    read until the first batch is asked for, and the batches are those of a loader that was not prepared."""
+    import time
+    data = make_dataset(tmp_path, "ptychonn", "chunked", samples=30)
+    path = str(tmp_path / "plan.h5")
+    solar.plan(data, world_size=2, local_batch=3, epochs=2, buffer_fraction=0.4, out=path).close()
+    with SolarLoader(path, data, rank=1, as_torch=False) as plain:
+        ref = [b for e in range(2) for b in (plain.set_epoch(e), list(plain))[1]]
+    with SolarLoader(path, data, rank=1, as_torch=False, epoch_fence=True) as loader:
+        calls, real = [], loader.reader.read_blocks
+        loader.reader.read_blocks = lambda blocks, out: calls.append(len(blocks)) or real(blocks, out)
+        assert loader.prepare() >= 0 and loader.buffer is not None
+        time.sleep(0.3)  # the prefetch thread had time to read, had it not been fenced
+        assert calls == [] and loader.stats()["bytes_read"] == 0
+        got = [b for e in range(2) for b in (loader.set_epoch(e), list(loader))[1]]
+        assert calls and loader.prepare() == pytest.approx(0, abs=0.01)  # built once
+    assert len(got) == len(ref)
+    for x, y in zip(got, ref):
+        assert x.keys() == y.keys()
+        for k in y:
+            if isinstance(y[k], np.ndarray):
+                np.testing.assert_array_equal(x[k], y[k])
+
+
 def test_bad_inputs(tmp_path):
     data = make_dataset(tmp_path, "ptychonn", "gzip", samples=12)
     path = str(tmp_path / "plan.h5")

@@ -52,6 +52,10 @@ def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float
     predicted = loader.schedule.predicted()
     peak_rss = rss0
     try:
+        # the buffer built before epoch 0's timer (pools faulted in, plan loaded; nothing read: the fence),
+        # its seconds (slowest rank) added to epoch 0's time for samples/s; the limit ratios leave them out
+        startup = comm.allreduce(loader.prepare(), op=_max())
+        out["startup_s"] = startup
         prev = {}
         for e in range(epochs):
             loader.set_epoch(e)
@@ -76,7 +80,7 @@ def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float
                     time.sleep(step_time)
                 if bar is not None:
                     bar.update()
-            secs = time.perf_counter() - t0
+            secs = time.perf_counter() - t0 + (startup if e == 0 else 0.0)
             if bar is not None:
                 bar.close()
             peak_rss = max(peak_rss, rss_bytes())
@@ -94,6 +98,7 @@ def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float
             read = sum(x[3] for x in per_rank)
             out["epochs"].append(dict(
                 epoch=e, global_samples=total, seconds=seconds, samples_per_s=total / seconds if seconds else 0.0,
+                startup_s=startup if e == 0 else 0.0,
                 stall_max_s=max(x[2] for x in per_rank), storage_bytes=read,
                 storage_bytes_per_s=read / seconds if seconds else 0.0,
                 decoded_bytes_loaded=sum(x[4] for x in per_rank), block_hits=sum(x[5] for x in per_rank),
@@ -423,22 +428,22 @@ def _ratios(report: dict):
     before = report["disk"]["random_read_gbps"]  # the probe right before epoch 0
     for ep in report["solar"]["epochs"]:
         ep["storage_vs_disk"] = ep["storage_bytes_per_s"] / seq if seq else None
-        ep["limit_ratio"] = (ep["storage_bytes"] / rnd) / ep["seconds"] if rnd and ep["seconds"] else None
+        secs = ep["seconds"] - ep.get("startup_s", 0.0)  # the epoch's reads: epoch 0 without the buffer's start-up
+        ep["limit_ratio"] = (ep["storage_bytes"] / rnd) / secs if rnd and secs > 0 else None
         # against the faster of the two probes next to this epoch (the one before it, the one after it): a
         # shared disk's speed drifts within minutes, and the run-wide probes may be far from an epoch
         after_ep = ep.get("disk_random_read_gbps_after")
         near = max(before, after_ep if after_ep is not None else after["random_read_gbps"]) * 1e9
-        ep["limit_ratio_adjacent"] = (ep["storage_bytes"] / near) / ep["seconds"] if ep["seconds"] else None
+        ep["limit_ratio_adjacent"] = (ep["storage_bytes"] / near) / secs if secs > 0 else None
         before = after_ep if after_ep is not None else before
         # against the same reads replayed bare right after the epoch (the disk's speed for this very pattern)
         rep = ep.get("replay_gbps")
-        ep["limit_ratio_replay"] = (ep["storage_bytes"] / (rep * 1e9)) / ep["seconds"] if rep and ep["seconds"] \
-            else None
-        if dec and dec["bytes_per_s"] and ep["seconds"]:
+        ep["limit_ratio_replay"] = (ep["storage_bytes"] / (rep * 1e9)) / secs if rep and secs > 0 else None
+        if dec and dec["bytes_per_s"] and secs > 0:
             # the slower of the two physical limits: the disk's random reads, the node's cores decoding
             cpu_s = ep["storage_bytes"] * dec["filtered_fraction"] / dec["bytes_per_s"]
-            ep["decode_limit_ratio"] = cpu_s / ep["seconds"]
-            ep["physical_limit_ratio"] = max(cpu_s, ep["storage_bytes"] / rnd if rnd else 0.0) / ep["seconds"]
+            ep["decode_limit_ratio"] = cpu_s / secs
+            ep["physical_limit_ratio"] = max(cpu_s, ep["storage_bytes"] / rnd if rnd else 0.0) / secs
     report["limit_ratio"] = [ep["limit_ratio"] for ep in report["solar"]["epochs"]]
     report["limit_ratio_adjacent"] = [ep["limit_ratio_adjacent"] for ep in report["solar"]["epochs"]]
     report["limit_ratio_replay"] = [ep["limit_ratio_replay"] for ep in report["solar"]["epochs"]]

@@ -198,7 +198,9 @@ class BufferManager(StepQueue):
         # with ``fence`` = S the prefetch thread does not start a step g with g % S == 0 (an epoch's
         # first) before release(g): benchmarks use it so no epoch is read ahead before its timer starts
         self.fence = fence
-        self._released = self.start
+        # fenced from the start too: a buffer built ahead of its first batch (SolarLoader.prepare) reads nothing
+        # before release(start)
+        self._released = self.start - 1 if fence else self.start
         self._cv = threading.Condition()
         self._error: Optional[BaseException] = None
         self._closed = False

@@ -222,7 +222,9 @@ class NodeBufferManager(StepQueue):
         self._ready: Dict[int, Any] = {}
         self._stats: Dict[int, NodeStepStats] = {}
         self._next_get = self.start
-        self._released = self.start
+        # fenced from the start too: a buffer built ahead of its first batch (SolarLoader.prepare) reads nothing
+        # before release(start)
+        self._released = self.start - 1 if fence else self.start
         self._cv = threading.Condition()
         self._error: Optional[BaseException] = None
         self._closed = False

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import numbers
+import time
 import weakref
 from typing import Callable, Optional, Sequence, TYPE_CHECKING, Union
 
@@ -239,6 +240,19 @@ class SolarLoader:
         self.buffer = BufferManager(plan, self.demand, self.reader, self._assemble,
                                     budget=self.schedule.buffer_bytes, prefetch=self.prefetch, start=self.cursor,
                                     verify=self.verify, fence=fence, batch_bytes=self.batch_bytes)
+
+    def prepare(self) -> float:
+        """Build the buffer now, before the first batch: its pools allocated and faulted in, this rank's plan
+        loaded, the prefetch thread started; returns the seconds it took.  With ``epoch_fence`` nothing is
+        read before the first batch is asked for, so the first epoch's time is its reads (``solar bench``
+        times start-up apart this way).  Iterating prepares when this was not called.  Collective over
+        ``comm`` for node plans, as iterating is."""
+        t0 = time.perf_counter()
+        if self.buffer is None:
+            if not self.open_ended and self.cursor >= self.schedule.n_steps:
+                raise SolarError(f"the schedule's {self.epochs} epochs are used up; plan more epochs")
+            self._start_buffer()
+        return time.perf_counter() - t0
 
     def _stop_buffer(self):
         if self.buffer is not None:
