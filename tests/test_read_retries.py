@@ -49,6 +49,9 @@ def layout(tmp_path):
 @pytest.fixture(autouse=True)
 def fast_backoff(monkeypatch):
     monkeypatch.setattr(pread_reader, "RETRY_BACKOFF_S", 0.0, raising=False)  # absent before retries
+    # the Python read path (os.preadv) on these gzip files: without this, libdeflate's GIL-free kernel reads
+    # them (libc pread; its retries are tested by test_direct_kernel_reads_copies_and_reports_failures)
+    monkeypatch.setattr(pread_reader, "LIBDEFLATE", "")
 
 
 @pytest.mark.parametrize("kind", ["eio", "eagain", "eintr", "zero", "short"])

@@ -536,6 +536,47 @@ def test_direct_kernel_reads_copies_and_reports_failures(tmp_path):
         os.close(fd)
 
 
+@pytest.mark.skipif(not __import__("solar.io.kernels", fromlist=["x"]).LIBDEFLATE, reason="libdeflate not installed")
+@pytest.mark.parametrize("preset", ["ptychonn", "cosmoflow"])
+def test_zlib_chunks_inflate_in_the_kernel(dataset, monkeypatch, tmp_path, preset):
+    """With O_DIRECT and libdeflate, chunks filtered by deflate alone are read and inflated straight into
+    the caller's arrays by one GIL-free call per job (the same bytes as h5py's); a corrupt stream is a
+    DecodeError naming file, dataset and chunk, and so is one that inflates to too few bytes."""
+    import copy
+    import zlib
+
+    from solar.io import pread_reader
+    layout, _ = dataset(preset, "gzip")
+    calls, real = [], pread_reader.inflate_direct_ranges
+    monkeypatch.setattr(pread_reader, "inflate_direct_ranges", lambda *a: calls.append(a[11:13]) or real(*a))
+    blocks = np.arange(layout.n_blocks)
+    with get_reader("h5py", layout) as h5:
+        ref, _ = _read(h5, layout, blocks)
+    with get_reader("pread", layout, threads=3, direct_io=True) as reader:
+        got, _ = _read(reader, layout, blocks)
+    for b in blocks.tolist():
+        np.testing.assert_array_equal(got[b], ref[b])
+    assert calls  # the kernel ran (these files' chunks are zlib streams: deflate alone)
+    # damage one chunk in a copy of the files: its stream, then its length (a stream of an empty chunk)
+    z = np.flatnonzero(pread_reader._zlib_blocks(layout))
+    b = int(z[len(z) // 2])
+    files = [str(tmp_path / os.path.basename(f)) for f in layout.files]
+    for f, g in zip(layout.files, files):
+        shutil.copy(f, g)
+    path = files[layout.datasets[int(layout.block_dataset[b])].file]
+    off, n = int(layout.block_offset[b]), int(layout.block_stored[b])
+    short = zlib.compress(b"\0" * 10)
+    for damage in (b"\xff" * 16, short + b"\0" * (n - len(short))):
+        with open(path, "r+b") as f:
+            f.seek(off)
+            f.write(damage)
+        lay = copy.copy(layout)
+        lay.files = tuple(files)  # the same block map over the damaged copies
+        with get_reader("pread", lay, threads=2, direct_io=True) as reader:
+            with pytest.raises(DecodeError, match=r"cannot decode chunk at .* of .*\.h(df)?5:/\S+: (corrupt|decodes)"):
+                _read(reader, lay, np.array([b]))
+
+
 def test_direct_jobs_spread_over_the_pool(dataset, monkeypatch):
     """With O_DIRECT a call's unfiltered ranges are cut into jobs for the pool's workers (a call of many
     ranges is not one serial job), every range in exactly one job, each job one file."""

@@ -110,6 +110,37 @@ _EINTR, _EAGAIN, _EIO = errno.EINTR, errno.EAGAIN, errno.EIO
 
 
 @njit(nogil=True, cache=True)
+def _read_window(fd, bounce, lo, size, need, retries, backoff_us, align):
+    """``(bytes read, errno)`` of one aligned window: ``pread`` from offset ``lo`` into the address
+    ``bounce`` (``size`` bytes) until ``need`` bytes are in or the file ends, retried as
+    :func:`read_direct_ranges` says."""
+    done = 0
+    failures = 0
+    while done < need:
+        n = _pread(fd, bounce + done, size - done, lo + done)
+        if n < 0:
+            e = _errno()
+            if (e != _EINTR and e != _EAGAIN and e != _EIO) or failures >= retries:
+                return done, e
+        if n <= 0:  # 0: the end of the file, or a storage hiccup
+            if failures >= retries:
+                break
+            _usleep(backoff_us << failures)
+            failures += 1
+            continue
+        if done + n >= need:
+            done += n
+            break
+        if n % align:  # short: keep the aligned part and read on from there
+            if n < align:
+                done += n  # the file ends inside this block
+                break
+            n -= n % align
+        done += n
+    return done, 0
+
+
+@njit(nogil=True, cache=True)
 def read_direct_ranges(fd, lo, size, need, bounce, ptr, src, nbytes, dst, r0, r1, got, err,
                        retries, backoff_us, align):
     """``O_DIRECT`` reads of ranges ``r0..r1-1`` of descriptor ``fd``, each copied out block by block,
@@ -127,35 +158,69 @@ def read_direct_ranges(fd, lo, size, need, bounce, ptr, src, nbytes, dst, r0, r1
     range left short or failed (its blocks not copied, later ranges not read), or -1 when all are in.
     """
     for r in range(r0, r1):
-        done = 0
-        failures = 0
-        while done < need[r]:
-            n = _pread(fd, bounce + done, size[r] - done, lo[r] + done)
-            if n < 0:
-                e = _errno()
-                if (e != _EINTR and e != _EAGAIN and e != _EIO) or failures >= retries:
-                    got[r] = done
-                    err[r] = e
-                    return r
-            if n <= 0:  # 0: the end of the file, or a storage hiccup
-                if failures >= retries:
-                    break
-                _usleep(backoff_us << failures)
-                failures += 1
-                continue
-            if done + n >= need[r]:
-                done += n
-                break
-            if n % align:  # short: keep the aligned part and read on from there
-                if n < align:
-                    done += n  # the file ends inside this block
-                    break
-                n -= n % align
-            done += n
+        done, e = _read_window(fd, bounce, lo[r], size[r], need[r], retries, backoff_us, align)
         got[r] = done
-        err[r] = 0
-        if done < need[r]:
+        err[r] = e
+        if e != 0 or done < need[r]:
             return r
         for k in range(ptr[r], ptr[r + 1]):
             _memcpy(dst[k], bounce + src[k], nbytes[k])
+    return -1
+
+
+# ------------------------------------------------------------------ zlib blocks (HDF5's deflate filter)
+def _libdeflate() -> str:
+    """The path of the shared object holding libdeflate (the ``deflate`` package, extra ``fast``), its
+    symbols made visible to numba's linker; "" when it is not installed."""
+    try:
+        from deflate import _deflate
+        from llvmlite import binding
+        binding.load_library_permanently(_deflate.__file__)
+    except (ImportError, OSError, RuntimeError):
+        return ""
+    return _deflate.__file__
+
+
+#: where libdeflate lives ("": not installed; zlib blocks then decode in Python, :mod:`solar.io.inflate`)
+LIBDEFLATE = _libdeflate()
+
+
+@intrinsic
+def _zlib_decompress(typingctx, decompressor, src, n, dst, avail, actual):
+    """``libdeflate_zlib_decompress(d, in, in_nbytes, out, out_nbytes_avail, &actual_out) -> int``
+    (0: success), every pointer an int64 address."""
+    def codegen(context, builder, signature, args):
+        return _call(builder, "libdeflate_zlib_decompress", _I32, [_PTR, _PTR, _I64, _PTR, _I64, _PTR], args)
+    return types.int32(types.int64, types.int64, types.int64, types.int64, types.int64, types.int64), codegen
+
+
+@njit(nogil=True, cache=True)
+def inflate_direct_ranges(fd, lo, size, need, bounce, ptr, src, stored, dst, nbytes, zlib, r0, r1, got, err,
+                          retries, backoff_us, align, decompressor, bad):
+    """:func:`read_direct_ranges` for ranges whose blocks are raw or zlib streams: block k (``zlib[k]``
+    nonzero) is inflated by libdeflate from its ``stored[k]`` bytes at ``bounce + src[k]`` straight into
+    its ``nbytes[k]`` bytes at ``dst[k]`` (``decompressor``: this thread's, an address from
+    ``libdeflate_alloc_decompressor``); the others are copied.  A stream that is corrupt or decodes to
+    another size stops the call: ``bad`` (int64[3]) = (block index k, libdeflate's result, bytes it
+    gave), and the range is returned as failed with ``err[r]`` = 0 and ``got[r]`` = ``need[r]``.
+    """
+    actual = np.zeros(1, np.int64)
+    at = actual.ctypes.data
+    for r in range(r0, r1):
+        done, e = _read_window(fd, bounce, lo[r], size[r], need[r], retries, backoff_us, align)
+        got[r] = done
+        err[r] = e
+        if e != 0 or done < need[r]:
+            return r
+        for k in range(ptr[r], ptr[r + 1]):
+            if zlib[k]:
+                actual[0] = -1
+                res = _zlib_decompress(decompressor, bounce + src[k], stored[k], dst[k], nbytes[k], at)
+                if res != 0 or actual[0] != nbytes[k]:
+                    bad[0] = k
+                    bad[1] = res
+                    bad[2] = actual[0]
+                    return r
+            else:
+                _memcpy(dst[k], bounce + src[k], stored[k])
     return -1
