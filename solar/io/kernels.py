@@ -141,6 +141,16 @@ def _read_window(fd, bounce, lo, size, need, retries, backoff_us, align):
 
 
 @njit(nogil=True, cache=True)
+def _read_range(fd, bounce, lo, size, need, got, err, r, retries, backoff_us, align):
+    """Range ``r``'s window read into ``bounce`` (:func:`_read_window`), ``got[r]``/``err[r]`` set;
+    True when all ``need[r]`` bytes are in."""
+    done, e = _read_window(fd, bounce, lo[r], size[r], need[r], retries, backoff_us, align)
+    got[r] = done
+    err[r] = e
+    return e == 0 and done >= need[r]
+
+
+@njit(nogil=True, cache=True)
 def read_direct_ranges(fd, lo, size, need, bounce, ptr, src, nbytes, dst, r0, r1, got, err,
                        retries, backoff_us, align):
     """``O_DIRECT`` reads of ranges ``r0..r1-1`` of descriptor ``fd``, each copied out block by block,
@@ -158,10 +168,7 @@ def read_direct_ranges(fd, lo, size, need, bounce, ptr, src, nbytes, dst, r0, r1
     range left short or failed (its blocks not copied, later ranges not read), or -1 when all are in.
     """
     for r in range(r0, r1):
-        done, e = _read_window(fd, bounce, lo[r], size[r], need[r], retries, backoff_us, align)
-        got[r] = done
-        err[r] = e
-        if e != 0 or done < need[r]:
+        if not _read_range(fd, bounce, lo, size, need, got, err, r, retries, backoff_us, align):
             return r
         for k in range(ptr[r], ptr[r + 1]):
             _memcpy(dst[k], bounce + src[k], nbytes[k])
@@ -207,10 +214,7 @@ def inflate_direct_ranges(fd, lo, size, need, bounce, ptr, src, stored, dst, nby
     actual = np.zeros(1, np.int64)
     at = actual.ctypes.data
     for r in range(r0, r1):
-        done, e = _read_window(fd, bounce, lo[r], size[r], need[r], retries, backoff_us, align)
-        got[r] = done
-        err[r] = e
-        if e != 0 or done < need[r]:
+        if not _read_range(fd, bounce, lo, size, need, got, err, r, retries, backoff_us, align):
             return r
         for k in range(ptr[r], ptr[r + 1]):
             if zlib[k]:

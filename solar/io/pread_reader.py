@@ -261,7 +261,7 @@ def _zlib_blocks(layout):
 _LIB = []
 
 
-def _libdeflate():
+def _libdeflate_ctypes():
     """libdeflate through ctypes (its decompressors' allocation), loaded once."""
     if not _LIB:
         import ctypes
@@ -394,7 +394,7 @@ class PreadReader(BlockReader):
         """This thread's libdeflate decompressor (an address; freed by :meth:`close`)."""
         d = getattr(self._local, "decompressor", None)
         if d is None:
-            d = self._local.decompressor = _libdeflate().libdeflate_alloc_decompressor()
+            d = self._local.decompressor = _libdeflate_ctypes().libdeflate_alloc_decompressor()
             if not d:
                 raise MemoryError("libdeflate_alloc_decompressor failed")
             with self._pool_lock:
@@ -409,7 +409,7 @@ class PreadReader(BlockReader):
             mine = [d for pid, d in self._decompressors if pid == os.getpid()]
             self._decompressors = []
         for d in mine:  # no worker uses them now: the pool is shut down (or this is a one-thread reader)
-            _libdeflate().libdeflate_free_decompressor(d)
+            _libdeflate_ctypes().libdeflate_free_decompressor(d)
         self._local = threading.local()
         if os.getpid() == self._pid:
             self._files.close_all()

@@ -261,12 +261,9 @@ class SolarLoader:
 
     def __iter__(self):
         """The remaining steps of the current epoch."""
-        if not self.open_ended and self.cursor >= self.schedule.n_steps:
-            raise SolarError(f"the schedule's {self.epochs} epochs are used up; plan more epochs")
         if self.buffer is not None and self.cursor >= self.buffer.stop:  # open-ended: at a window edge
             self._stop_buffer()
-        if self.buffer is None:
-            self._start_buffer()
+        self.prepare()
         end = (self.cursor // self.S + 1) * self.S
         self.buffer.release(self.cursor)
         self.epoch_log.begin(self.buffer.totals)
