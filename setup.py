@@ -32,8 +32,11 @@ setup(
         "fast": ["deflate>=0.9"],
         # raw decoding of hdf5plugin's Blosc, LZ4, Bitshuffle and Zstd filters (else h5py reads them)
         "codecs": ["numcodecs>=0.12"],
+        # the Lightning and Accelerate variants of the PtychoNN example (examples/)
+        "frameworks": ["lightning>=2.0", "accelerate>=0.26"],
         "test": ["pytest>=7", "hypothesis>=6", "matplotlib>=3.5", "numcodecs>=0.12", "hdf5plugin>=4.0",
-                 "deflate>=0.9", "mpi4py>=3.1"],  # the MPI tests; `make test` adds the mpich extra for mpiexec
+                 "deflate>=0.9", "mpi4py>=3.1",  # the MPI tests; `make test` adds the mpich extra for mpiexec
+                 "lightning>=2.0", "accelerate>=0.26"],  # the examples' framework variants run in the tests
     },
     entry_points={"console_scripts": ["solar=solar.cli:main"]},
 )
