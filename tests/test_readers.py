@@ -298,6 +298,44 @@ def test_reader_built_before_a_fork_works_in_the_child(dataset, name, opts):
     _check(layout, refs, again, READERS[name].needs_raw)
 
 
+@pytest.mark.parametrize("storage", ["contiguous", "gzip"])
+def test_forked_readers_reading_at_once_keep_their_bytes_apart(dataset, storage):
+    """Parent and two forked children read different blocks over and over, each with a one-thread O_DIRECT reader
+    built (and used) before the fork: each process's aligned bounce buffer must be its own (an anonymous mmap is
+    shared across fork unless made private), so every read equals what the parent read before the fork."""
+    layout, _ = dataset("pdebench", storage)
+    blocks = np.arange(layout.n_blocks)
+    with get_reader("pread", layout, threads=1, direct_io=True) as reader:
+        ref, _ = _read(reader, layout, blocks)
+        pids = []
+        for child in range(2):
+            pid = os.fork()
+            if pid == 0:
+                code = 1
+                try:
+                    signal.alarm(60)
+                    mine = blocks[child::3]
+                    bad = 0
+                    for it in range(150):
+                        b = int(mine[it % len(mine)])
+                        got = [np.empty(int(layout.block_nbytes[b]), np.uint8)]
+                        reader.read_blocks(np.array([b]), got)  # one block: read in this (the forking) thread
+                        bad += not np.array_equal(got[0], ref[b])
+                    code = 0 if bad == 0 else 2
+                finally:
+                    os._exit(code)
+            pids.append(pid)
+        mine, bad = blocks[2::3], 0
+        for it in range(150):
+            b = int(mine[it % len(mine)])
+            got = [np.empty(int(layout.block_nbytes[b]), np.uint8)]
+            reader.read_blocks(np.array([b]), got)
+            bad += not np.array_equal(got[0], ref[b])
+        statuses = [os.waitpid(pid, 0)[1] for pid in pids]
+    assert bad == 0
+    assert all(os.WIFEXITED(s) and os.WEXITSTATUS(s) == 0 for s in statuses), statuses
+
+
 # ----------------------------------------------------------------- non-raw layouts
 def _scaleoffset_layout(tmp_path):
     """X: gzip (raw-readable); Z: HDF5's scale-offset filter, which only HDF5 decodes."""

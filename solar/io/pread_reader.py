@@ -343,11 +343,14 @@ class PreadReader(BlockReader):
 
     # ------------------------------------------------------------ resources
     def _fork_check(self):
-        """After a fork, the pool's threads do not exist in the child: start afresh."""
+        """After a fork, the pool's threads do not exist in the child: start afresh, with this process's
+        own per-thread buffers (the parent may go on reading into its own) and a lock no thread holds."""
         if os.getpid() != self._pid:
             for fd in self._files.forget():
                 os.close(fd)  # the child's copies; the parent's stay open
             self._pool, self._pid = None, os.getpid()
+            self._local, self._pool_lock = threading.local(), threading.Lock()
+            self._decompressors = []  # the parent's, which the parent frees
 
     @contextmanager
     def _fd(self, file: int):
@@ -378,7 +381,10 @@ class PreadReader(BlockReader):
         buf = getattr(self._local, "direct", None)
         if buf is None or len(buf) < nbytes:
             import mmap
-            buf = self._local.direct = mmap.mmap(-1, max(-(-nbytes // DIRECT_ALIGN) * DIRECT_ALIGN, 1 << 20))
+            # private: a forked child writing into its copy must not change the parent's pages (an anonymous
+            # mmap is MAP_SHARED by default)
+            buf = self._local.direct = mmap.mmap(-1, max(-(-nbytes // DIRECT_ALIGN) * DIRECT_ALIGN, 1 << 20),
+                                                 flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         return memoryview(buf)
 
     def _bounce_addr(self, nbytes: int) -> int:
