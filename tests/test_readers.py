@@ -365,6 +365,51 @@ def test_raw_readers_refuse_non_raw_layout(tmp_path, name):
         get_reader(name, layout)
 
 
+def _custom_type_layout(tmp_path):
+    """Types whose stored bytes are not the bytes of the numpy dtype h5py reports (HDF5 converts them on read):
+    I12 a 12-bit signed integer in 2 bytes, U12 a 12-bit unsigned one at bit offset 4 (chunked), F a float with
+    float32's fields in 8 bytes; P plain float32."""
+    rng = np.random.default_rng(3)
+    h5t = h5py.h5t
+    i12 = h5t.STD_I16LE.copy()
+    i12.set_precision(12)
+    u12 = h5t.STD_U16LE.copy()
+    u12.set_precision(12)
+    u12.set_offset(4)
+    f = h5t.IEEE_F64LE.copy()
+    f.set_fields(31, 23, 8, 0, 23)
+    f.set_ebias(127)
+    f.set_precision(32)
+    values = {"I12": rng.integers(-2000, 2000, (8, 5)).astype("<i2"),
+              "U12": rng.integers(0, 4000, (8, 5)).astype("<u2"),
+              "F": rng.standard_normal((8, 4)).astype("<f4").astype("<f8")}
+    with h5py.File(tmp_path / "types.h5", "w") as h:
+        for name, tid in (("I12", i12), ("U12", u12), ("F", f)):
+            dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+            if name == "U12":
+                dcpl.set_chunk((3, 5))
+            h5py.h5d.create(h.id, name.encode(), tid, h5py.h5s.create_simple(values[name].shape), dcpl=dcpl)
+            h[name][...] = values[name]
+            assert np.array_equal(h[name][...], values[name])
+        h.create_dataset("P", data=rng.standard_normal((8, 3)).astype("<f4"))
+    return build_layout(LayoutSpec("rows", ("types.h5",), ("I12", "U12", "F", "P"), root=str(tmp_path)))
+
+
+def test_types_hdf5_converts_on_read_are_read_by_hdf5(tmp_path):
+    """Copying their stored bytes gave wrong values without an error (e.g. 4091 for -5); now the layout sends them
+    to the h5py reader, which delivers h5py's values, and the raw readers refuse them by name."""
+    layout = _custom_type_layout(tmp_path)
+    assert [d.raw for d in layout.datasets] == [False, False, False, True]
+    assert "stored type is not plain int16" in layout.datasets[0].fallback
+    assert default_reader_name(layout) == "h5py"
+    with get_reader("h5py", layout) as reader:
+        got, _ = _read(reader, layout, np.arange(layout.n_blocks))
+    _check(layout, {}, got, raw_reader=False)
+    for name in [n for n, c in sorted(READERS.items()) if c.needs_raw and c.available()[0]]:
+        with pytest.raises(SpecError, match=r"types.h5:/I12 cannot be read raw \(its stored type is not plain int16"):
+            get_reader(name, layout)
+
+
 # ----------------------------------------------------------------- registry and API
 def test_get_reader_errors(dataset):
     layout, _ = dataset("ptychonn", "contiguous")

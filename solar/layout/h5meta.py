@@ -79,6 +79,32 @@ def _check_dtype(dset, where: str) -> np.dtype:
     return dt
 
 
+def _plain_type(tid, dt: np.dtype) -> bool:
+    """Whether HDF5 file type ``tid`` stores each value as numpy's ``dt`` does, byte for byte.
+
+    h5py gives a 12-bit integer in 2 bytes (``H5Tset_precision``), one at a bit offset, or a float
+    with its own exponent and mantissa fields the nearest numpy dtype; HDF5 converts those on read
+    (sign extension, shifts), so their stored bytes are not that dtype's bytes."""
+    h5t = h5py.h5t
+    cls = tid.get_class()
+    if tid.get_size() != dt.itemsize:
+        return False
+    if cls == h5t.INTEGER:
+        return tid.get_precision() == 8 * dt.itemsize and tid.get_offset() == 0
+    if cls == h5t.BITFIELD:  # h5py gives no precision of a bitfield: it must equal a standard one
+        return any(tid.equal(getattr(h5t, f"STD_B{8 * dt.itemsize}{o}", h5t.STD_B8LE)) for o in ("LE", "BE"))
+    if cls == h5t.ENUM:  # bool, and h5py's enums: plain when their integer base is
+        return _plain_type(tid.get_super(), dt)
+    if cls == h5t.FLOAT:
+        return tid.equal(h5t.py_create(np.dtype(dt.str)))
+    if cls == h5t.COMPOUND and dt.kind == "c":  # h5py's complex: (r, i) floats, packed
+        half = np.dtype(f"{dt.str[0]}f{dt.itemsize // 2}")
+        return tid.get_nmembers() == 2 and all(
+            tid.get_member_offset(i) == i * half.itemsize and _plain_type(tid.get_member_type(i), half)
+            for i in range(2))
+    return False
+
+
 def _filters(plist, where: str):
     """``(filters, raw, fallback)`` of a dataset creation property list."""
     filters = []
@@ -236,6 +262,9 @@ def _read_info(h5file: h5py.File, file_idx: int, path: str, where: str, obj, fil
     dsid = obj.id
     plist = dsid.get_create_plist()
     filters, raw, fallback = _filters(plist, where)
+    if not _plain_type(dsid.get_type(), dt):
+        raw, fallback = False, (f"its stored type is not plain {dt} (custom precision, bit offset or float "
+                                f"fields): HDF5 converts it on read (h5py reader)")
     fill = _fillvalue(obj, where)
     stored = int(dsid.get_storage_size())
     if obj.chunks is None:
