@@ -5,6 +5,7 @@ tests marked ``mpi`` give each rank its own random block subsets and call
 sequences (same number of calls everywhere, some with zero blocks), which is
 what the collective MPI-IO reader must survive.
 """
+import ctypes
 import os
 import shutil
 import signal
@@ -408,6 +409,54 @@ def test_types_hdf5_converts_on_read_are_read_by_hdf5(tmp_path):
     for name in [n for n, c in sorted(READERS.items()) if c.needs_raw and c.available()[0]]:
         with pytest.raises(SpecError, match=r"types.h5:/I12 cannot be read raw \(its stored type is not plain int16"):
             get_reader(name, layout)
+
+
+def _unfiltered_edges_layout(tmp_path):
+    """Chunked fields written with H5D_CHUNK_DONT_FILTER_PARTIAL_CHUNKS (latest file format): HDF5 stores the
+    partial edge chunks unfiltered with filter mask 0.  S: shuffle, rows partial; G: shuffle + gzip + Fletcher-32,
+    rows and columns partial; Z: gzip, every chunk whole (nothing to mark)."""
+    from solar.layout.h5capi import DONT_FILTER_PARTIAL_CHUNKS, _hdf5
+    lib = _hdf5()
+    if lib is None or not hasattr(lib, "H5Pset_chunk_opts"):
+        pytest.skip("HDF5's H5Pset_chunk_opts is not reachable here")
+    rng = np.random.default_rng(4)
+    path = str(tmp_path / "edges.h5")
+    fapl = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
+    fapl.set_libver_bounds(h5py.h5f.LIBVER_LATEST, h5py.h5f.LIBVER_LATEST)
+    fid = h5py.h5f.create(path.encode(), h5py.h5f.ACC_TRUNC, fapl=fapl)
+    specs = {"S": ((10, 8), (4, 8), ("shuffle",)), "G": ((10, 7), (4, 3), ("shuffle", "gzip", "fletcher32")),
+             "Z": ((10, 4), (5, 4), ("gzip",))}
+    for name, (shape, chunks, filters) in specs.items():
+        dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+        dcpl.set_chunk(chunks)
+        for f in filters:
+            {"shuffle": dcpl.set_shuffle, "gzip": lambda: dcpl.set_deflate(4), "fletcher32": dcpl.set_fletcher32}[f]()
+        assert lib.H5Pset_chunk_opts(ctypes.c_int64(dcpl.id), ctypes.c_uint(DONT_FILTER_PARTIAL_CHUNKS)) >= 0
+        h5py.h5d.create(fid, name.encode(), h5py.h5t.STD_I32LE, h5py.h5s.create_simple(shape), dcpl=dcpl)
+    fid.close()
+    with h5py.File(path, "a") as h:
+        for name, (shape, _, _) in specs.items():
+            h[name][...] = rng.integers(0, 1 << 30, shape).astype("<i4")
+    return build_layout(LayoutSpec("rows", ("edges.h5",), tuple(specs), root=str(tmp_path)))
+
+
+def test_partial_edge_chunks_stored_unfiltered_are_read_as_stored(tmp_path, backend):
+    """The readers ran the pipeline on such chunks: shuffle gave wrong bytes without an error, gzip and Fletcher-32
+    a false corruption error on a valid file."""
+    name, opts = backend
+    layout = _unfiltered_edges_layout(tmp_path)
+    assert all(d.raw for d in layout.datasets)
+    with get_reader(name, layout, **opts) as reader:
+        got, _ = _read(reader, layout, np.random.default_rng(0).permutation(layout.n_blocks))
+    _check(layout, {}, got, READERS[name].needs_raw)
+
+
+def test_partial_edge_chunks_go_to_hdf5_where_the_chunk_options_cannot_be_read(tmp_path, monkeypatch):
+    import solar.layout.h5meta as h5meta
+    monkeypatch.setattr(h5meta, "chunk_opts", lambda plist: None)
+    layout = _unfiltered_edges_layout(tmp_path)
+    assert [d.raw for d in layout.datasets] == [False, False, True]  # Z's chunks are all whole
+    assert "HDF5's chunk options cannot be read" in layout.datasets[0].fallback
 
 
 # ----------------------------------------------------------------- registry and API

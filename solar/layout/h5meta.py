@@ -22,6 +22,7 @@ import numpy as np
 
 from ..errors import LayoutError, SolarError
 from ..io.filters import Filter, decodable, filter_name
+from .h5capi import DONT_FILTER_PARTIAL_CHUNKS, chunk_opts
 from .limits import MAX_BLOCKS, check_count
 
 _LOOKUP_ERRORS = (KeyError, OSError, ValueError, TypeError, RuntimeError)
@@ -232,6 +233,27 @@ def _chunk_table(dsid, shape, chunks, file_size: int, where: str) -> dict:
     return {"offset": offs, "nbytes": sizes, "mask": masks}
 
 
+def _unfiltered_edges(plist, shape, chunks, n_filters: int, table: dict, raw: bool, fallback: str):
+    """``(raw, fallback)``, after marking partial edge chunks that HDF5 stored unfiltered as skipping every filter.
+
+    With ``H5D_CHUNK_DONT_FILTER_PARTIAL_CHUNKS`` (``H5Pset_chunk_opts``) HDF5 writes the chunks that stick
+    out of the dataset without their filters but with filter mask 0, and decodes them by the option; running
+    the pipeline on them gives wrong bytes (shuffle) or a false checksum error.  Where the option cannot be
+    read (HDF5's C library not found), a dataset with partial edge chunks goes to the h5py reader."""
+    edge = np.zeros(tuple(-(-s // c) for s, c in zip(shape, chunks)), dtype=bool)  # over the chunk grid
+    for k, (s, c) in enumerate(zip(shape, chunks)):
+        if s % c:
+            edge[(slice(None),) * k + (-1,)] = True  # the last chunk along axis k is partial
+    if not edge.any():
+        return raw, fallback
+    opts = chunk_opts(plist)
+    if opts is None:
+        return False, "partial edge chunks, and HDF5's chunk options cannot be read here (h5py reader)"
+    if opts & DONT_FILTER_PARTIAL_CHUNKS:
+        table["mask"][edge.reshape(-1)] |= np.uint32((1 << n_filters) - 1)  # (grid,) -> (n_chunks,) row-major
+    return raw, fallback
+
+
 def _linked(h5file: h5py.File, path: str) -> bool:
     """Whether a link named ``path`` exists (the object behind it may still be unreadable)."""
     try:
@@ -275,6 +297,8 @@ def _read_info(h5file: h5py.File, file_idx: int, path: str, where: str, obj, fil
     if int(np.prod(chunks, dtype=object)) * dt.itemsize > MAX_CHUNK_BYTES:
         raise LayoutError(f"{where} declares chunks {chunks} of more than 4 GiB, beyond HDF5's limit (damaged header)")
     table = _chunk_table(dsid, shape, chunks, file_size, where)
+    if filters and raw:
+        raw, fallback = _unfiltered_edges(plist, shape, chunks, len(filters), table, raw, fallback)
     return DatasetInfo(file_idx, path, shape, dt.str, chunks, filters, None, stored, fill, raw, fallback), table
 
 
