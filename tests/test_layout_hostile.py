@@ -141,6 +141,30 @@ def test_never_written_data_reads_as_the_fill_value(tmp_path, reader):
     assert got[3]["C"].tolist() == [7.0, 7.0, 7.0] and got[6]["C"].tolist() == [2.0, 2.0, 2.0]
 
 
+def test_nan_fill_values_keep_their_bits_through_the_schedule(tmp_path):
+    """A NaN fill value with payload bits (f4, big-endian f8, complex) is delivered with h5py's bytes when the
+    loader takes the layout stored in the schedule, not only the one built in the process (JSON turned every
+    NaN into the default one)."""
+    nan4 = np.frombuffer(bytes.fromhex("0100c07f"), "<f4")[0]
+    nan8 = np.frombuffer(bytes.fromhex("03000000" "0000f87f"), "<f8")[0]
+    with h5py.File(tmp_path / "n.h5", "w") as f:
+        for name, dt, fill in (("A", "<f4", nan4), ("B", ">f8", nan8), ("C", "<c8", complex(nan4, -1.5))):
+            d = f.create_dataset(name, shape=(4, 3), dtype=dt, chunks=(2, 3), fillvalue=np.array(fill, dt))
+            d[0:2] = 1  # rows 2, 3 never written
+    layout = build_layout(LayoutSpec("rows", ("n.h5",), ("A", "B", "C"), root=str(tmp_path)))
+    plan = str(tmp_path / "s.h5")
+    solar.plan(layout, out=plan, world_size=1, local_batch=4, epochs=1, buffer_per_rank=1 << 20).close()
+    with h5py.File(tmp_path / "n.h5", "r") as f:
+        ref = {k: f[k][...] for k in "ABC"}
+    for data in (layout, None):  # None: the layout stored in the schedule
+        with SolarLoader(plan, data, rank=0, as_torch=False, reader="pread") as loader:
+            batch = next(iter(loader))
+        idx = np.asarray(batch["index"])
+        for k in "ABC":
+            want = ref[k][idx].astype(ref[k].dtype.newbyteorder("="))  # delivered in native byte order
+            assert np.asarray(batch[k]).tobytes() == want.tobytes(), (k, data is None)
+
+
 def test_inspect_a_never_written_dataset(tmp_path, capsys):
     _unwritten_file(str(tmp_path)).save(str(tmp_path))
     assert main(["inspect", str(tmp_path)]) == 0

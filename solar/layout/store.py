@@ -29,7 +29,9 @@ the same few).  :func:`decode` checks everything it reads and raises :class:`Sto
 from __future__ import annotations
 
 import json
+import math
 import os
+import struct
 from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
@@ -62,7 +64,9 @@ def _jsonable(field: str, value):
     if field == "filters":
         return [[int(f.id), int(f.flags), [int(v) for v in f.values]] for f in value]
     if field == "fillvalue" and isinstance(value, complex):
-        return {"complex": [value.real, value.imag]}
+        return {"complex": [_jsonable(field, value.real), _jsonable(field, value.imag)]}
+    if field == "fillvalue" and isinstance(value, float) and math.isnan(value):
+        return {"nan": struct.pack("<d", value).hex()}  # JSON's NaN would lose the payload bits
     if isinstance(value, tuple):
         return [int(v) if isinstance(v, (int, np.integer)) else v for v in value]
     return value
@@ -140,8 +144,16 @@ def _filters(v) -> Tuple[Filter, ...]:
 
 def _fill(v):
     if isinstance(v, dict) and "complex" in v:
-        re, im = v["complex"]
+        _expect(isinstance(v["complex"], list) and len(v["complex"]) == 2, f"fill value {str(v)[:40]} is not a number")
+        re, im = (_fill(x) for x in v["complex"])
         return complex(re, im)
+    if isinstance(v, dict) and "nan" in v:
+        try:
+            bits = bytes.fromhex(v["nan"])
+        except (TypeError, ValueError):
+            bits = b""
+        _expect(len(bits) == 8, f"fill value {str(v)[:40]} is not a number")
+        return struct.unpack("<d", bits)[0]
     _expect(isinstance(v, (int, float, bool)), f"fill value {str(v)[:40]} is not a number")
     return v
 
