@@ -31,6 +31,7 @@ import numpy as np
 from ..errors import SolarError
 from .pool import SlotPools
 from .sizing import DEFAULT_PREFETCH, bookkeeping_bytes, memory_need
+from .warmup import resident_at, used_before_evicted
 
 
 class BufferError(SolarError):
@@ -191,6 +192,10 @@ class BufferManager(StepQueue):
             io_depth=self.io_depth)
         self.pools = SlotPools(class_bytes, slots)
         self.slot_of = np.full(self.block_nbytes.shape[0], -1, dtype=np.int64)
+        # blocks the plan holds resident at a resume but evicts before using them again: never read (warmup.py)
+        self._ghost = np.zeros(self.block_nbytes.shape[0], dtype=bool)
+        #: a resume's warm-up: blocks read, blocks skipped (evicted before any use), storage bytes read
+        self.warmup = {"blocks": 0, "skipped": 0, "bytes_read": 0}
         self.totals = BufferTotals(per_step=deque(maxlen=keep_step_stats))
         self._ready: Dict[int, Any] = {}
         self._stats: Dict[int, StepStats] = {}
@@ -284,13 +289,17 @@ class BufferManager(StepQueue):
         self._finish(inflight.popleft())
 
     def _warm_up(self):
-        """Load what the plan holds resident when step ``start`` begins (a resume)."""
-        lp, ep = self.plan.load_ptr, self.plan.evict_ptr
-        res = np.zeros(self.block_nbytes.shape[0], dtype=np.int64)  # resident count per block
-        np.add.at(res, np.asarray(self.plan.load[:lp[self.start]], np.int64), 1)
-        np.add.at(res, np.asarray(self.plan.evict[:ep[self.start]], np.int64), -1)
-        blocks = np.flatnonzero(res > 0)
-        self.reader.read_blocks(blocks, self._alloc(blocks))
+        """Load what the plan holds resident when step ``start`` begins (a resume), except the blocks it evicts
+        before using them again: those stay resident without bytes (``_ghost``) until the plan evicts them."""
+        p, B = self.plan, self.block_nbytes.shape[0]
+        blocks = resident_at(p.load, p.load_ptr, p.evict, p.evict_ptr, self.start, B)
+        need = used_before_evicted(blocks, self.start, samples=p.samples, samples_ptr=p.samples_ptr, evict=p.evict,
+                                   evict_ptr=p.evict_ptr, sample_ptr=self.sample_ptr,
+                                   sample_blocks=self.sample_blocks, n_blocks=B)
+        self._ghost[blocks[~need]] = True
+        blocks = blocks[need]
+        self.warmup = {"blocks": int(blocks.shape[0]), "skipped": int((~need).sum()),
+                       "bytes_read": int(self.reader.read_blocks(blocks, self._alloc(blocks)).bytes_read)}
 
     def _alloc(self, blocks: np.ndarray) -> list:
         """Slots for ``blocks`` (distinct, not resident; all or nothing: MemoryError leaves
@@ -309,11 +318,15 @@ class BufferManager(StepQueue):
         sp = self.plan.step(g)
         st = StepStats(g, samples=int(sp.samples.shape[0]))
         ev = np.asarray(sp.evict, np.int64)
+        _check_distinct(g, ev, "evicts")
+        ghost = self._ghost[ev]
+        if ghost.any():  # resident at a resume but never read (not used before this eviction): nothing to free
+            self._ghost[ev[ghost]] = False
+            ev = ev[~ghost]
         ev_slot = self.slot_of[ev]
         if (ev_slot < 0).any():
             b = int(ev[ev_slot < 0][0])
             raise BufferError(f"step {g}: the plan evicts block {b}, which is not resident (damaged plan?)")
-        _check_distinct(g, ev, "evicts")
         freed = (self.class_of[ev].astype(np.int64), ev_slot)
         self.slot_of[ev] = -1
         if self._assembled >= g - 1:
@@ -321,8 +334,8 @@ class BufferManager(StepQueue):
         else:
             self._held[g] = freed
         load = np.asarray(sp.load, dtype=np.int64)
-        if (self.slot_of[load] >= 0).any():
-            b = int(load[self.slot_of[load] >= 0][0])
+        if (self.slot_of[load] >= 0).any() or self._ghost[load].any():
+            b = int(load[(self.slot_of[load] >= 0) | self._ghost[load]][0])
             raise BufferError(f"step {g}: the plan loads block {b}, which is already resident (damaged plan?)")
         _check_distinct(g, load, "loads")
         while True:  # pools full: finish in-flight steps (their held slots come free); none left: it fits
