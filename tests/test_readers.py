@@ -414,7 +414,8 @@ def test_types_hdf5_converts_on_read_are_read_by_hdf5(tmp_path):
 def _unfiltered_edges_layout(tmp_path):
     """Chunked fields written with H5D_CHUNK_DONT_FILTER_PARTIAL_CHUNKS (latest file format): HDF5 stores the
     partial edge chunks unfiltered with filter mask 0.  S: shuffle, rows partial; G: shuffle + gzip + Fletcher-32,
-    rows and columns partial; Z: gzip, every chunk whole (nothing to mark)."""
+    rows and columns partial; D: gzip alone (the O_DIRECT reader inflates such chunks in its kernel), rows
+    partial; Z: gzip, every chunk whole (nothing to mark)."""
     from solar.layout.h5capi import DONT_FILTER_PARTIAL_CHUNKS, _hdf5
     lib = _hdf5()
     if lib is None or not hasattr(lib, "H5Pset_chunk_opts"):
@@ -425,7 +426,7 @@ def _unfiltered_edges_layout(tmp_path):
     fapl.set_libver_bounds(h5py.h5f.LIBVER_LATEST, h5py.h5f.LIBVER_LATEST)
     fid = h5py.h5f.create(path.encode(), h5py.h5f.ACC_TRUNC, fapl=fapl)
     specs = {"S": ((10, 8), (4, 8), ("shuffle",)), "G": ((10, 7), (4, 3), ("shuffle", "gzip", "fletcher32")),
-             "Z": ((10, 4), (5, 4), ("gzip",))}
+             "D": ((10, 6), (4, 6), ("gzip",)), "Z": ((10, 4), (5, 4), ("gzip",))}
     for name, (shape, chunks, filters) in specs.items():
         dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
         dcpl.set_chunk(chunks)
@@ -455,7 +456,7 @@ def test_partial_edge_chunks_go_to_hdf5_where_the_chunk_options_cannot_be_read(t
     import solar.layout.h5meta as h5meta
     monkeypatch.setattr(h5meta, "chunk_opts", lambda plist: None)
     layout = _unfiltered_edges_layout(tmp_path)
-    assert [d.raw for d in layout.datasets] == [False, False, True]  # Z's chunks are all whole
+    assert [d.raw for d in layout.datasets] == [False, False, False, True]  # Z's chunks are all whole
     assert "HDF5's chunk options cannot be read" in layout.datasets[0].fallback
 
 
