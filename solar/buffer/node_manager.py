@@ -53,6 +53,7 @@ from .sizing import DEFAULT_PREFETCH
 
 TAG_MOD = 32000      # transfer tags: step % TAG_MOD (MPI guarantees tags up to 32767)
 TAG_ERR = 32001      # "a rank failed" (payload: its one-line message)
+_KEPT: list = []     # transfer communicators of managers closed before their plan's end (never freed: see close)
 POLL_MIN_S, POLL_MAX_S = 50e-6, 2e-3
 
 
@@ -229,6 +230,7 @@ class NodeBufferManager(StepQueue):
         self._error: Optional[BaseException] = None
         self._closed = False
         self._failed_shared = False
+        self._ran_all = False  # the prefetch thread finished the plan's last step
         self._err_reqs: list = []
         self.ncomm = self.xcomm = self.shm = None
         self._booked: Deque[_Booked] = deque()   # steps booked, not yet assembled (oldest first)
@@ -283,10 +285,18 @@ class NodeBufferManager(StepQueue):
         failed = self._failed_shared or self._error is not None or self._peer_failed()
         if not failed:
             self.shm.publish(FLAG, CLOSED)
+        left = []
         if self.xcomm is not None:  # requests left by an early close or a failure
             left = [r for b in self._booked for r in b.recvs] + [r for _, reqs in self._sending for r in reqs]
             for r in left + [r for r, _ in self._err_reqs]:
                 _drop(r)
+            if not (self._ran_all and not left):
+                # closed before its plan's end: another node's block for a later step may still come, or sit
+                # unmatched (a send MPI delivered eagerly cannot be cancelled).  Freed, the communicator's
+                # context id would go to the next manager's Dup, whose receive for the same step tag would take
+                # that stale block in place of its own (wrong bytes, no error).  Kept, no later Dup gets its id.
+                _KEPT.append(self.xcomm)
+                self.xcomm = None
         if failed:
             self.shm = None
             return
@@ -354,6 +364,7 @@ class NodeBufferManager(StepQueue):
                 self._warm_up()
                 self.shm.publish(DONE, self.start - 1)  # this rank's share of the resident blocks is in
             self._loop(io)
+            self._ran_all = True  # every step booked and finished: every transfer it takes part in is matched
         except _Closed:
             return
         except BaseException as exc:  # noqa: BLE001 - handed to the consumer, raised there
