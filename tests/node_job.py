@@ -1,12 +1,13 @@
 """A training-like job over node-shared buffers, run by tests/test_node_buffer.py under ``mpiexec -n 4``.
 
-    python tests/node_job.py DATA [--ranks-per-node 2] [--policy solar-peer] [--mode none|raise|read]
+    python tests/node_job.py DATA [--ranks-per-node 2] [--policy solar-peer] [--mode none|raise|read|leave]
                              [--fail-rank R] [--fail-step K] [--abort] [--slow-rank R] [--slow-s X]
 
 Rank 0 plans (``plan_nodes``) and broadcasts the plan; every rank runs a NodeBufferManager and takes
 every step, checking each batch against h5py.  ``raise``: rank R raises RuntimeError in its loop at
 step K (inside ``with manager``); ``read``: rank R's reader raises DecodeError from its K-th call
-(inside the prefetch thread).  Without ``--abort`` each rank that gets an exception prints
+(inside the prefetch thread); ``leave``: rank R stops after step K and closes its manager (a loop that
+breaks while the others go on).  Without ``--abort`` each rank that gets an exception prints
 ``node_job: rank r raised <Type>: <message>`` and ends with status 3 on its own (no collective:
 that every rank gets there proves none waits for the failed one).  With ``--abort`` the loop runs
 under :func:`solar.mpi.abort_on_error` with an ``allreduce`` per step, as a DDP job under the
@@ -54,7 +55,7 @@ def main():
     p.add_argument("--ranks-per-node", type=int, default=2)
     p.add_argument("--policy", default="solar-peer")
     p.add_argument("--fraction", type=float, default=0.25)
-    p.add_argument("--mode", choices=("none", "raise", "read"), default="none")
+    p.add_argument("--mode", choices=("none", "raise", "read", "leave"), default="none")
     p.add_argument("--fail-rank", type=int, default=1)
     p.add_argument("--fail-step", type=int, default=3)
     p.add_argument("--abort", action="store_true")
@@ -96,6 +97,8 @@ def main():
                         raise AssertionError(f"rank {comm.rank} step {g} sample {s} field {k} differs from h5py")
             if comm.rank == args.fail_rank and g == args.fail_step and args.mode == "raise":
                 raise RuntimeError(f"injected fault at step {g}")
+            if comm.rank == args.fail_rank and g == args.fail_step and args.mode == "leave":
+                return None
             if comm.rank == args.slow_rank:
                 time.sleep(args.slow_s)
             if args.abort:
@@ -113,6 +116,10 @@ def main():
                                     timeout=60)
             with mgr:
                 tot = loop(mgr)
+            if tot is None:  # --mode leave: this rank closed its buffer early, as a loop that breaks
+                print(f"node_job: rank {comm.rank} left after step {args.fail_step}", flush=True)
+                time.sleep(args.linger)
+                os._exit(0)
         except Exception as exc:  # noqa: BLE001 - reported, then this rank ends on its own
             print(f"node_job: rank {comm.rank} raised {type(exc).__name__}: {exc}", flush=True)
             time.sleep(args.linger)  # the launcher ends the job when a rank leaves: let the others finish first

@@ -500,6 +500,26 @@ def test_a_rank_failing_after_its_last_step_leaves_no_rank_waiting_in_close(job_
 
 
 @pytest.mark.slow
+def test_a_rank_of_another_node_closing_early_ends_the_ranks_waiting_for_its_blocks(job_data):
+    """One rank per node, blocks sent between nodes: rank 1 (node 1) closes its buffer after step 3 while the others
+    go on.  The ranks that wait for node 1's blocks end with an error naming it within seconds; before, nothing told
+    them (the node's shared window only reaches its own ranks) and they waited until the timeout, or forever
+    without one (SolarLoader passes none)."""
+    status, secs, out = run_job(job_data, "--mode", "leave", "--ranks-per-node", "1", "--fail-rank", "1",
+                                "--linger", "8")
+    assert status is not None, f"the job still ran after {LIMIT_S} s:\n{out[-3000:]}"
+    assert job_lines(out, "left") == {1: "after step 3"}, out[-3000:]
+    raised = job_lines(out, "raised")
+    assert raised, out[-3000:]
+    for r, line in raised.items():  # the first to wait for them says so, the others learn it from that one
+        assert "rank 1 (node 1) closed its node buffer before sending its blocks of step" in line, line
+        assert line.startswith(("NodeBufferError: ", "PeerFailed: ")), line
+    assert any(line.startswith("NodeBufferError: ") for line in raised.values()), out[-3000:]
+    assert sorted([*raised, *job_lines(out, "done")]) == [0, 2, 3], out[-3000:]
+    assert secs < 40, secs  # the timeout (60 s) did not end it
+
+
+@pytest.mark.slow
 def test_a_failing_rank_aborts_a_ddp_like_job(job_data):
     status, secs, out = run_job(job_data, "--mode", "raise", "--abort", "--policy", "solar-node", "--fraction", "0.5")
     assert status is not None and status != 0 and secs < LIMIT_S, out[-3000:]

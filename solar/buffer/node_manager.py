@@ -53,6 +53,7 @@ from .sizing import DEFAULT_PREFETCH
 
 TAG_MOD = 32000      # transfer tags: step % TAG_MOD (MPI guarantees tags up to 32767)
 TAG_ERR = 32001      # "a rank failed" (payload: its one-line message)
+TAG_CLOSED = 32002   # "this node closed before its plan's end" (payload: int64, the first step it has not sent)
 _KEPT: list = []     # transfer communicators of managers closed before their plan's end (never freed: see close)
 POLL_MIN_S, POLL_MAX_S = 50e-6, 2e-3
 
@@ -231,6 +232,8 @@ class NodeBufferManager(StepQueue):
         self._closed = False
         self._failed_shared = False
         self._ran_all = False  # the prefetch thread finished the plan's last step
+        self._send_next = 0    # local rank 0 with transfers: the first step whose sends are not posted yet
+        self._closed_nodes: Dict[int, int] = {}  # node -> first step it has not sent, from its TAG_CLOSED notice
         self._err_reqs: list = []
         self.ncomm = self.xcomm = self.shm = None
         self._booked: Deque[_Booked] = deque()   # steps booked, not yet assembled (oldest first)
@@ -288,8 +291,11 @@ class NodeBufferManager(StepQueue):
         left = []
         if self.xcomm is not None:  # requests left by an early close or a failure
             left = [r for b in self._booked for r in b.recvs] + [r for _, reqs in self._sending for r in reqs]
+            unsent = next((g for g, reqs in self._sending if not _all_done(reqs)), self._send_next)
             for r in left + [r for r, _ in self._err_reqs]:
                 _drop(r)
+            if not failed and self.local == 0 and not self._ran_all:
+                self._notify_closed(unsent)
             if not (self._ran_all and not left):
                 # closed before its plan's end: another node's block for a later step may still come, or sit
                 # unmatched (a send MPI delivered eagerly cannot be cancelled).  Freed, the communicator's
@@ -316,6 +322,15 @@ class NodeBufferManager(StepQueue):
         if exc is not None:
             self.fail(exc)
         self.close()
+
+    def _notify_closed(self, unsent: int):
+        """Local rank 0 closing before its plan's end: tell every other node's local rank 0 which steps' blocks
+        will not come (from ``unsent`` on), so that one waiting for them ends with an error instead of a hang."""
+        payload = np.array([unsent], dtype=np.int64)
+        for m in range(self.nodes.n_nodes):
+            if m != self.node:
+                _KEPT.append((self.xcomm.Isend([payload, _byte()], dest=self.nodes.ranks_of(m)[0], tag=TAG_CLOSED),
+                              payload))
 
     # ------------------------------------------------------------------ shared state
     def _share_failure(self, message: str, own: bool = True):
@@ -348,6 +363,10 @@ class NodeBufferManager(StepQueue):
         if self.xcomm is not None and self.local == 0:
             from mpi4py import MPI
             st = MPI.Status()
+            while self.xcomm.Iprobe(source=MPI.ANY_SOURCE, tag=TAG_CLOSED, status=st):
+                got = np.zeros(1, dtype=np.int64)
+                self.xcomm.Recv([got, _byte()], source=st.Get_source(), tag=TAG_CLOSED)
+                self._closed_nodes[st.Get_source() // self.nodes.ranks_per_node] = int(got[0])
             if self.xcomm.Iprobe(source=MPI.ANY_SOURCE, tag=TAG_ERR, status=st):
                 buf = bytearray(st.Get_count(MPI.BYTE))
                 self.xcomm.Recv([buf, MPI.BYTE], source=st.Get_source(), tag=TAG_ERR)
@@ -453,6 +472,7 @@ class NodeBufferManager(StepQueue):
                             for d, v in self._sends.pop(send_next, [])]
                     sending.append((send_next, reqs))
                     send_next += 1
+                    self._send_next = send_next
                     progressed = True
                 while sending and _all_done(sending[0][1]):
                     sending.popleft()
@@ -518,6 +538,15 @@ class NodeBufferManager(StepQueue):
             waits += [(j, what, g_book) for j in np.flatnonzero(dones < a).tolist()]
         with self._cv:
             wanted = self._waiting  # the step this rank's consumer waits for in get (None: it is not waiting)
+        if self._closed_nodes and booked and booked[0].recvs and not _all_done(booked[0].recvs) \
+                and wanted is not None and booked[0].g <= wanted:
+            g = booked[0].g
+            rp = self.lists["recv_ptr"]
+            for m in sorted({int(x) for x in np.asarray(self.lists["recv_from"][rp[g]:rp[g + 1]]).tolist()}):
+                if self._closed_nodes.get(m, g + 1) <= g:
+                    raise NodeBufferError(
+                        f"rank {self.nodes.ranks_of(m)[0]} (node {m}) closed its node buffer before sending its "
+                        f"blocks of step {g}, which rank {self.rank} waits for: every rank must close together")
         for j, what, g in waits:
             # a closed rank ends this one only once its consumer waits for what that rank will not give: steps
             # prefetched beyond what the consumer took may never be asked for (the ranks close together)
