@@ -130,13 +130,50 @@ def test_mid_epoch_state_with_workers_needs_the_step(job):
         assert_same(epochs(ds, batches(ds, num_workers=3)), ref[2:])
 
 
+def test_state_with_workers_near_an_epochs_end_is_never_ahead_of_the_loop(job, monkeypatch):
+    """Worker 0 is slow to send its last step (6 of 8), so DataLoader receives step 7 first and the main process
+    takes steps 6 and 7 from the buffer (fetched = the epoch's end) while the loop has trained steps 0..6.  The
+    state must not claim step 8 (the old rule, "fetched to an epoch's end: trained to it", skipped step 7)."""
+    import time
+    refs = SolarDataset._references
+
+    def slow(self, worker, workers):  # forked workers inherit the patch
+        for k, r in enumerate(refs(self, worker, workers)):
+            if worker == 0 and k == 3:
+                time.sleep(0.5)
+            yield r
+    monkeypatch.setattr(SolarDataset, "_references", slow)
+    path, data, ref = job
+    with SolarDataset(path, data, rank=RANK) as ds:
+        it = iter(batches(ds, num_workers=2))
+        seen = [next(it)["step"] for _ in range(7)]
+        assert seen == list(range(7))
+        with pytest.raises(solar.SolarError, match=r"may be ahead of the training loop"):
+            ds.state_dict()
+        state = ds.state_dict(step=seen[-1] + 1)
+        del it
+    monkeypatch.setattr(SolarDataset, "_references", refs)
+    with SolarDataset(path, data, rank=RANK) as ds:
+        ds.load_state_dict(state)
+        assert_same(epochs(ds, batches(ds, num_workers=2)), ref[7:])
+    with SolarDataset(path, data, rank=RANK) as ds:
+        ds.set_epoch(0)
+        assert_same([(b["step"], b["index"].tolist(), b["X_train"]) for b in batches(ds, num_workers=2)], ref[:8])
+        with pytest.raises(solar.SolarError, match=r"may be ahead of the training loop"):
+            ds.state_dict()
+        ds.set_epoch(1)  # the next epoch begun: the loop has seen the last one whole
+        assert ds.state_dict()["step"] == 8
+
+
 def test_set_epoch_seeks_and_used_up_epochs_say_so(job):
     path, data, ref = job
     with SolarDataset(path, data, rank=RANK) as ds:
         dl = batches(ds, num_workers=2)
         ds.set_epoch(1)
         assert_same([(b["step"], b["index"].tolist(), b["X_train"]) for b in dl], ref[8:])
-        assert ds.state_dict()["step"] == 16  # an epoch's end: exact with workers too
+        with pytest.raises(solar.SolarError, match=r"may be ahead of the training loop"):
+            ds.state_dict()  # fetched to the epoch's end: the loop may not have trained all of it
+        assert ds.state_dict(step=16)["step"] == 16
         ds.set_epoch(0)
         assert_same([(b["step"], b["index"].tolist(), b["X_train"]) for b in dl], ref[:8])
         ds.set_epoch(1)

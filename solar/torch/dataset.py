@@ -49,8 +49,9 @@ class SolarDataset(IterableDataset):
 
     Checkpoints: with ``num_workers=0`` :meth:`state_dict` is exact at any point.  With workers
     DataLoader fetches up to ``prefetch_factor * num_workers`` batches ahead of the training
-    loop, so mid-epoch :meth:`state_dict` raises unless given the next step the loop has not
-    seen: ``ds.state_dict(step=batch["step"] + 1)``.  A pass abandoned mid-epoch with workers
+    loop, so :meth:`state_dict` raises unless given the next step the loop has not seen:
+    ``ds.state_dict(step=batch["step"] + 1)``, at an epoch's end too (or call it after
+    ``set_epoch`` of the next epoch).  A pass abandoned mid-epoch with workers
     continues after the batches already fetched; ``load_state_dict`` to go back.
     ``persistent_workers=True`` is refused (a persistent worker cannot see the new epoch).  With
     workers a custom ``collate_fn`` runs in the worker on step references, not on batches: use
@@ -102,6 +103,8 @@ class SolarDataset(IterableDataset):
             self.loader.set_epoch(epoch)
             if self.loader.cursor != before:
                 self._forget()
+            elif self.loader.cursor % self.loader.S == 0:
+                self._ahead = False  # the training loop moved on to a new epoch: it has seen the last one whole
 
     def state_dict(self, step: Optional[int] = None) -> dict:
         """The loader's state; ``step``: the next global step the training loop has not seen
@@ -110,9 +113,13 @@ class SolarDataset(IterableDataset):
             state = self.loader.state_dict()
             fetched = self.loader.cursor
             if step is None:
-                if self._ahead and fetched % self.loader.S:
-                    raise SolarError(f"DataLoader workers have fetched up to step {fetched - 1}, ahead of the "
-                                     "training loop: call state_dict(step=batch['step'] + 1)")
+                # the main process takes a worker's batch from the buffer when it receives it, which may be
+                # before the loop gets it (DataLoader reorders what workers send; its pin-memory thread takes all it
+                # can): even a pass fetched to its epoch's end may not be trained to the end yet
+                if self._ahead:
+                    raise SolarError(f"DataLoader workers have fetched up to step {fetched - 1}, which may be ahead "
+                                     "of the training loop: call state_dict(step=batch['step'] + 1) (at an epoch's "
+                                     "end too, or after set_epoch of the next epoch)")
                 return state
             first = self.loader.schedule.start_step  # 0, or where a resumed job starts
             if isinstance(step, bool) or not isinstance(step, numbers.Integral) or not first <= step <= fetched:
