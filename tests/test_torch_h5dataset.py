@@ -103,3 +103,20 @@ def test_exported_lazily():
     assert solar.H5Dataset is H5Dataset
     code = "import sys, solar; assert 'torch' not in sys.modules and 'solar.torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_scalar_field_keeps_its_shape(tmp_path):
+    """A label (one value per sample) came out of shape (1,), so a DataLoader batch was (B, 1) where SolarLoader
+    gives (B,): a loss against a (B,) prediction then broadcast to (B, B) without an error."""
+    import json
+    import h5py
+    with h5py.File(tmp_path / "d.h5", "w") as f:
+        f.create_dataset("x", data=np.arange(12, dtype="f4").reshape(6, 2))
+        f.create_dataset("label", data=np.arange(6, dtype="i8") * 10)
+    (tmp_path / "solar-layout.json").write_text(json.dumps(
+        {"solar_layout_spec": 1, "kind": "rows", "files": ["d.h5"], "fields": ["x", "label"]}))
+    ds = H5Dataset(str(tmp_path))
+    s = ds[2]
+    assert s["label"].shape == () and int(s["label"]) == 20 and s["x"].shape == (2,)
+    batch = next(iter(DataLoader(ds, batch_size=3)))
+    assert batch["label"].shape == (3,) and batch["x"].shape == (3, 2)

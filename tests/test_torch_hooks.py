@@ -185,3 +185,27 @@ def test_hooks_on_ragged_layouts_and_lists_from_a_transform(tmp_path):
             for t, i in zip(b["x"], b["index"].tolist()):
                 with h5py.File(tmp_path / f"f{i}.h5") as f:
                     assert np.array_equal(t.numpy(), f["x"][()])
+
+
+def _labelled(folder):
+    """A rows layout with a scalar field per sample (a label) beside an array field."""
+    import json
+    import h5py
+    with h5py.File(os.path.join(folder, "d.h5"), "w") as f:
+        f.create_dataset("x", data=np.arange(12, dtype="f4").reshape(6, 2))
+        f.create_dataset("label", data=np.arange(6, dtype="i8") * 10)
+    with open(os.path.join(folder, "solar-layout.json"), "w") as f:
+        json.dump({"solar_layout_spec": 1, "kind": "rows", "files": ["d.h5"], "fields": ["x", "label"]}, f)
+    return str(folder)
+
+
+@pytest.mark.parametrize("as_torch", [False, True])
+def test_sample_transform_keeps_a_scalar_field_a_batch_array(tmp_path, as_torch):
+    """A sample_transform saw a scalar field as a numpy scalar, and the batch came back as a list of them."""
+    data = _labelled(tmp_path)
+    sched = solar.plan(data, world_size=1, local_batch=3, epochs=1, buffer_fraction=1.0)
+    with SolarLoader(sched, rank=0, as_torch=as_torch, sample_transform=lambda s: dict(s)) as loader:
+        batch = next(iter(loader))
+    label = batch["label"]
+    assert isinstance(label, torch.Tensor if as_torch else np.ndarray) and tuple(label.shape) == (3,)
+    assert [int(v) for v in label] == [10 * int(i) for i in batch["index"]]

@@ -76,7 +76,9 @@ class BatchHooks:
     def _per_sample(self, step: int, out: dict) -> dict:
         index = out.pop("index")
         n = len(index)
-        results = [_call(self.sample_transform, "sample_transform", step, {k: v[i] for k, v in out.items()})
+        # v[i, ...]: a scalar field's value stays a 0-d array (v[i] is a numpy scalar, which _stack would not stack)
+        results = [_call(self.sample_transform, "sample_transform", step,
+                         {k: v[i, ...] if isinstance(v, np.ndarray) else v[i] for k, v in out.items()})
                    for i in range(n)]
         keys = list(results[0]) if results else list(out)
         for i, r in enumerate(results):

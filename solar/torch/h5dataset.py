@@ -86,7 +86,9 @@ class H5Dataset(Dataset):
         self._open_reader().read_blocks(blocks, bufs)
         by_id = dict(zip(blocks.tolist(), bufs))
         batch = self.assembler(0, np.array([i], np.int64), by_id.__getitem__)
-        sample = {k: torch.from_numpy(np.ascontiguousarray(v[0])) for k, v in batch.items()}
+        # v[0, ...]: a scalar field stays 0-d (v[0] is a numpy scalar, which ascontiguousarray makes shape (1,))
+        sample = {k: torch.from_numpy(np.asarray(v[0, ...] if isinstance(v, np.ndarray) else v[0], order="C"))
+                  for k, v in batch.items()}
         if self.transform is not None:
             sample = self.transform(sample)
             if not isinstance(sample, dict):
