@@ -58,7 +58,29 @@ def _epsilon(text: str) -> float:
     return v
 
 
+def _seconds(text: str) -> float:
+    v = _to_float(text)
+    if not (math.isfinite(v) and v >= 0):
+        raise SpecError(f"must be a number of seconds >= 0, got {text!r}")
+    return v
+
+
+def check_output_path(path: str, what: str, suffixes=()) -> str:
+    """``path`` if a file can be written there (its folder exists and it is not a folder; ``suffixes``: the
+    endings allowed), else a SpecError naming it: checked before long work, not after it."""
+    import os
+    folder = os.path.dirname(os.path.abspath(path)) or "."
+    if not path or os.path.isdir(path):
+        raise SpecError(f"{what} {path!r} is a folder, not a file name")
+    if not os.path.isdir(folder):
+        raise SpecError(f"{what} {path!r}: folder {folder} does not exist")
+    if suffixes and not path.lower().endswith(tuple(suffixes)):
+        raise SpecError(f"{what} {path!r} must end with {' or '.join(suffixes)}")
+    return path
+
+
 positive_int = _argtype(_positive, "positive_int")
+seconds = _argtype(_seconds, "seconds")
 non_negative_int = _argtype(_non_negative, "non_negative_int")
 fraction = _argtype(lambda t: check_fraction("buffer fraction", _to_float(t)), "fraction")
 byte_size = _argtype(parse_bytes, "byte_size")

@@ -9,7 +9,7 @@ import sys
 from ..buffer.sizing import DEFAULT_PREFETCH
 from ..scheduler.config import parse_bytes
 from ..scheduler.policies import NODE_POLICIES
-from .argtypes import byte_size, positive_int
+from .argtypes import byte_size, positive_int, seconds
 
 EPILOG = """\
 Run under MPI, one process per training rank:
@@ -55,9 +55,9 @@ def add_parser(sub):
     p.add_argument("--cold", action="store_true", help="drop the page cache before each epoch")
     p.add_argument("--cache-mode", choices=("file", "system"), default="file",
                    help="with --cold: drop the dataset files' pages (default) or the whole page cache (root)")
-    p.add_argument("--step-time", type=float, default=0.0, help="seconds of simulated training per step")
+    p.add_argument("--step-time", type=seconds, default=0.0, help="seconds of simulated training per step")
     p.add_argument("--num-workers", type=int, default=2, help="baseline DataLoader workers per rank")
-    p.add_argument("--baseline-time-limit", type=float, default=120.0, metavar="SECONDS",
+    p.add_argument("--baseline-time-limit", type=seconds, default=120.0, metavar="SECONDS",
                    help="stop a baseline's epoch after this long and take its rate over the samples it delivered "
                         "(marked partial; default 120; 0: whole epochs)")
     p.add_argument("--reader", help="solar reader backend (default: chosen for the layout and file system)")

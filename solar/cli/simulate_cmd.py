@@ -9,7 +9,8 @@ from ..scheduler.nodes import DEFAULT_NETWORK_BPS, DEFAULT_STORAGE_BPS, PeerCost
 from ..scheduler.policies import ALL_POLICIES, POLICIES
 from ..scheduler.run import Demand
 from ..scheduler.simulate import dataset_bytes, format_table, plot, simulate
-from .argtypes import byte_size, epsilon, fraction, non_negative_int, positive_int
+from ..layout.limits import MAX_SAMPLES
+from .argtypes import byte_size, check_output_path, epsilon, fraction, non_negative_int, positive_int
 
 EPILOG = """\
 policies: torch (DistributedSampler + per-rank LRU), nopfs (DistributedSampler + per-rank Belady that
@@ -74,13 +75,21 @@ def add_parser(sub):
 
 
 def run(args) -> int:
+    if args.plot:  # before the simulation, not after it
+        check_output_path(args.plot, "--plot", (".png", ".pdf", ".svg"))
+    if args.spec and (args.samples is not None or args.sample_bytes is not None):
+        raise SpecError("--samples and --sample-bytes describe a synthetic layout: give them or a SPEC, not both")
     if args.spec:
         from ..layout import load_layout
         demand = Demand.from_layout(load_layout(args.spec, progress=sys.stderr.isatty()))
         source = args.spec
     else:
-        if not args.samples or not args.sample_bytes:
+        if args.samples is None or args.sample_bytes is None:
             raise SpecError("give a SPEC, or --samples and --sample-bytes for a synthetic layout")
+        if args.sample_bytes < 1:
+            raise SpecError(f"--sample-bytes must be at least 1, got {args.sample_bytes}")
+        if args.samples > MAX_SAMPLES:
+            raise SpecError(f"--samples {args.samples:,} is more than the {MAX_SAMPLES:,} samples a layout may have")
         demand = Demand.synthetic(args.samples, args.sample_bytes, args.samples_per_block, args.blocks_per_sample)
         source = f"synthetic: {args.samples} samples x {args.sample_bytes} B"
     total = dataset_bytes(demand)

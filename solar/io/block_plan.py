@@ -116,5 +116,10 @@ def short_read_error(layout, blocks: np.ndarray, offsets: np.ndarray, got_until:
     b = int(blocks[bad[0]]) if bad.size else int(blocks[0])
     lo = int(layout.block_offset[b])
     hi = lo + int(layout.block_stored[b])
-    return DecodeError(f"{chunk_where(layout, b)} needs bytes [{lo}, {hi}) but the file ends at byte {got_until} "
-                       f"(truncated?)")
+    try:  # the file's real size: a read from an aligned offset past the end stops at that offset, not at the end
+        import os
+        size = os.path.getsize(layout.files[layout.datasets[int(layout.block_dataset[b])].file])
+        end = f"the file has {size} bytes" if size < hi else f"the read ended at byte {got_until}"
+    except (OSError, AttributeError, IndexError):
+        end = f"the read ended at byte {got_until}"
+    return DecodeError(f"{chunk_where(layout, b)} needs bytes [{lo}, {hi}) but {end} (truncated?)")

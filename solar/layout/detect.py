@@ -83,6 +83,9 @@ def candidates_help(path: str, cands) -> str:
 
 
 def _guess(f: h5py.File, path: str, root: str, name: str) -> LayoutSpec:
+    if f.attrs.get("format", None) in ("solar-schedule", b"solar-schedule"):  # solar.schedule.format.FORMAT
+        raise LayoutError(f"{path} is a solar schedule (made by solar plan), not a dataset: give the data it was "
+                          f"planned for (solar inspect {path} names it)")
     if any(g in f for g in WELL_FIELD_GROUPS):
         fields = well_fields(f)
         if fields:

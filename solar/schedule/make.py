@@ -99,10 +99,15 @@ def plan(data: Union[str, "Demand", object], *, world_size: int, local_batch: Op
     check_count("local_batch", local_batch)
     epochs, window = epochs_and_window(epochs, window)
     pol = _policy("solar" if policy is None else policy, nodes is not None)
+    out = _out_path(out)
     data, demand, source = _inputs(data, out, progress, split, fields)
     from ..buffer.sizing import residency_budget  # the budget is all the rank's memory: batches held back
     budget = buffer_bytes(demand, world_size, buffer_per_rank, buffer_fraction)
     epsilon = 0.0 if epsilon is None else epsilon
+    if drop_last is not None and (isinstance(drop_last, str) or drop_last not in (True, False)):
+        raise SpecError(f"drop_last must be True or False, got {drop_last!r}")
+    if isinstance(epsilon, bool) or not isinstance(epsilon, numbers.Real):
+        raise SpecError(f"epsilon must be a number in [0, 1), got {epsilon!r}")
     cfg = PlanConfig(world_size, local_batch, epochs,
                      residency_budget(budget, demand, local_batch, epsilon, None if data is demand else data),
                      seed=0 if seed is None else seed, drop_last=bool(drop_last), epsilon=epsilon)
@@ -126,6 +131,7 @@ def _plan_resumed(data, state, *, world_size: int, local_batch, epochs, buffer_p
     old = elastic.check_state(state)  # before the layout is built: a bad state fails fast
     if policy is None and get_policy(old["policy"]).node_pools:  # a node job resumes with one buffer per rank
         policy = "solar"
+    out = _out_path(out)
     data, demand, source = _inputs(data, out, progress, split, fields)
     job = elastic.resume_job(state, demand.n_samples, demand.fingerprint, world_size=world_size,
                              local_batch=local_batch, epochs=epochs, seed=seed, drop_last=drop_last,
@@ -174,18 +180,30 @@ def _nodes(world_size: int, ranks_per_node, peer_cost, policy, resume_from, epoc
     return NodeMap(world_size, ranks_per_node), peer_cost if peer_cost is not None else PeerCost()
 
 
+def _out_path(out) -> Optional[str]:
+    if out is None:
+        return None
+    if not isinstance(out, (str, os.PathLike)):
+        raise SpecError(f"out must be a file path or None, got {type(out).__name__} {out!r}")
+    return os.fspath(out)
+
+
 def _inputs(data, out: Optional[str], progress: bool, split, fields):
     """``(data, demand, source)``: the layout (built from a path) or Demand to plan on, and the path planned
     from ("" for an object); the output checked first (never replace the data with a schedule)."""
     if out is not None:
         check_folder(out)
     source = ""
+    if isinstance(data, os.PathLike):
+        data = os.fspath(data)
     if isinstance(data, str):
         from ..layout import load_layout
         source = data
         data = load_layout(data, progress=progress, split=split, fields=fields)
     elif split is not None or fields is not None:
         raise SpecError("split= and fields= select from a layout spec path; pass the path, not a layout")
+    elif not isinstance(data, Demand) and not hasattr(data, "sample_ptr"):
+        raise SpecError(f"data must be a layout spec path, a Layout or a Demand, got {type(data).__name__} {data!r}")
     if out is not None:  # before planning: never replace the data (or anything not a schedule) with a schedule
         check_target(out, getattr(data, "files", ()), getattr(data, "spec", None))
     demand = data if isinstance(data, Demand) else Demand.from_layout(data)
