@@ -54,6 +54,7 @@ def frames_as_channels(x: torch.Tensor) -> torch.Tensor:
 
 class Well(trainer.Task):
     name = "train_well"
+    stats_per_field = False  # stats.yaml's, read by WellTransform
 
     def add_args(self, p):
         p.add_argument("--width", type=int, default=32, help="channels of the residual blocks")

@@ -139,6 +139,7 @@ class Task:
     name = "task"
     fields: Tuple[str, ...] = ()
     stats: dict = {}
+    stats_per_field = True  # setup computes ``stats[field]`` for every field (a checkpoint must hold them)
 
     def add_args(self, p: argparse.ArgumentParser):
         pass
@@ -338,6 +339,17 @@ def parse_args(task: Task, doc: str, argv=None):
         v = getattr(args, k)
         if v is not None and v < 1:
             p.error(f"--{k.replace('_', '-')} must be >= 1")
+    # outputs written after training: checked now, not after an epoch's work
+    for opt, path, suffixes in (("--checkpoint", args.checkpoint, ()), ("--log-json", args.log_json, ()),
+                                ("--plot", args.plot, (".png", ".pdf", ".svg"))):
+        if path is not None:
+            folder = os.path.dirname(os.path.abspath(path))
+            if os.path.isdir(path):
+                p.error(f"{opt} {path!r} is a folder, not a file name")
+            if not os.path.isdir(folder):
+                p.error(f"{opt} {path!r}: folder {folder} does not exist")
+            if suffixes and not path.lower().endswith(suffixes):
+                p.error(f"{opt} {path!r} must end with {' or '.join(suffixes)}")
     return args
 
 
@@ -399,8 +411,13 @@ def _misfit(c, args, nodes=None) -> Optional[str]:
 
 def atomic_save(obj, path: str):
     tmp = f"{path}.tmp{os.getpid()}"
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    try:
+        torch.save(obj, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)  # no half-written checkpoint left behind
+        raise
 
 
 # ----------------------------------------------------------------------------- held-out
@@ -495,6 +512,13 @@ def check_fields(task: Task, data: str, held: Optional[HeldOut], held_name: str)
         missing = [f for f in task.fields if have is not None and f not in have]
         if missing:
             fail(f"{name} has no field(s) {', '.join(missing)} (it has {', '.join(have)})")
+    if held is not None and os.path.exists(held_name):  # --valid: another dataset, its samples must fit the model
+        train, valid = load_layout(data), load_layout(held_name)
+        for f in task.fields:
+            a = (train.field_shapes().get(f), train.field_dtypes().get(f))
+            b = (valid.field_shapes().get(f), valid.field_dtypes().get(f))
+            if a != b:
+                fail(f"field {f} of {held_name} is {b[0]} {b[1]} per sample, of {data} {a[0]} {a[1]}")
 
 
 def quiet_grad_strides():
@@ -540,7 +564,21 @@ def train(args, task: Task, g: Group, device: torch.device, threads: int, topo):
     if args.resume:
         if not os.path.exists(args.checkpoint):
             fail(f"--resume: no checkpoint {args.checkpoint}")
-        ck = torch.load(args.checkpoint, map_location="cpu", weights_only=False)
+        try:
+            ck = torch.load(args.checkpoint, map_location="cpu", weights_only=False)
+        except Exception as exc:  # noqa: BLE001 - truncated, not a torch file, a folder...
+            fail(f"--resume: cannot read checkpoint {args.checkpoint}: {type(exc).__name__}: "
+                 f"{str(exc).splitlines()[0] if str(exc) else ''}")
+        keys = ("loader_kind", "stats", "model", "optimizer", "loader", "step")
+        if not isinstance(ck, dict) or any(k not in ck for k in keys):
+            fail(f"--resume: {args.checkpoint} is not a checkpoint of this trainer (it needs the keys "
+                 f"{', '.join(keys)})")
+        if ck.get("task", task.name) != task.name:  # checkpoints from before 2026-11-23 do not say
+            fail(f"--resume: {args.checkpoint} was written by {ck['task']}, not {task.name}")
+        if not isinstance(ck["stats"], dict) or (task.stats_per_field and any(f not in ck["stats"]
+                                                                              for f in task.fields)):
+            fail(f"--resume: {args.checkpoint} holds statistics of other fields than {', '.join(task.fields)} "
+                 f"(another task's checkpoint?)")
         if ck["loader_kind"] != source.kind:
             fail(f"checkpoint was written with --loader {ck['loader_kind']}, not {source.kind}")
         task.stats = ck["stats"]
@@ -553,8 +591,11 @@ def train(args, task: Task, g: Group, device: torch.device, threads: int, topo):
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     step = 0
     if ck is not None:
-        model.load_state_dict(ck["model"])
-        opt.load_state_dict(ck["optimizer"])
+        try:
+            model.load_state_dict(ck["model"])
+            opt.load_state_dict(ck["optimizer"])
+        except (RuntimeError, ValueError, KeyError, TypeError) as exc:
+            fail(f"--resume: {args.checkpoint} does not fit this model: {str(exc).splitlines()[0]}")
         source.restore(ck["loader"])
         step = int(ck["step"])
     ddp = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
@@ -568,7 +609,8 @@ def train(args, task: Task, g: Group, device: torch.device, threads: int, topo):
     def save(epoch):
         if args.checkpoint and root:
             atomic_save(dict(model=model.state_dict(), optimizer=opt.state_dict(), loader=source.state(),
-                             loader_kind=source.kind, step=step, epoch=epoch, stats=task.stats, args=vars(args)),
+                             loader_kind=source.kind, step=step, epoch=epoch, stats=task.stats, args=vars(args),
+                             task=task.name),
                         args.checkpoint)
         g.barrier()
 

@@ -111,7 +111,7 @@ def ptycho(tmp_path_factory):
     run_example(tmp, "train_ptychonn.py", *args, "--max-steps", STOP, "--log-json", part)
     out2 = run_example(tmp, "train_ptychonn.py", *args, "--resume", "--max-steps", TOTAL, "--log-json", rest)
     runs["solar"].update(part=read_log(part), rest=read_log(rest), resumed_out=out2)
-    return dict(tmp=tmp, plan=plan, runs=runs)
+    return dict(tmp=tmp, plan=plan, runs=runs, data=data)
 
 
 @pytest.mark.parametrize("loader", ["solar", "baseline"])
@@ -180,6 +180,38 @@ def test_resume_continues_with_the_next_batch(ptycho, loader="solar"):
     for g in range(TOTAL):
         rec = part.get(g) or got[g]
         assert rec["loss"] == pytest.approx(ref[g]["loss"], rel=1e-4), f"step {g}"
+
+
+def _run_failing(cwd, script, *args, timeout=120):
+    cmd = [_mpiexec(), "-n", str(P), sys.executable, os.path.join(EXAMPLES, script), *map(str, args)]
+    r = subprocess.run(cmd, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout, check=False)
+    return r.returncode, r.stdout + r.stderr
+
+
+def test_bad_checkpoints_and_outputs_end_the_job_with_one_line(ptycho):
+    """A checkpoint that is not this trainer's (truncated, not a torch file, another task's) and an output the job
+    could not write are refused before training, one line per rank and no traceback (they gave tracebacks, the
+    outputs only after an epoch of training)."""
+    import torch
+    tmp = ptycho["tmp"]
+    good = tmp / "ck.pt"
+    (tmp / "trunc.pt").write_bytes(good.read_bytes()[:1000])
+    (tmp / "text.pt").write_text("not a checkpoint")
+    other = torch.load(good, map_location="cpu", weights_only=False)
+    torch.save(dict(other, stats={"u": 1}, task="train_well"), tmp / "well.pt")
+    common = ["--plan", ptycho["plan"], "--epochs", EPOCHS, "--local-batch", B, "--width", 8, "--depth", 2]
+    data = ptycho["data"]
+    cases = {"trunc.pt": "cannot read checkpoint", "text.pt": "cannot read checkpoint",
+             "well.pt": "was written by train_well, not train_ptychonn"}
+    for name, why in cases.items():
+        code, out = _run_failing(tmp, "train_ptychonn.py", data, *common, "--checkpoint", tmp / name, "--resume")
+        assert code != 0 and "Traceback" not in out, out[-3000:]
+        assert out.count(f"train_ptychonn: error on rank") == P and why in out, out[-3000:]
+    for opt, path, why in (("--checkpoint", tmp, "is a folder"), ("--plot", tmp / "no" / "x.png", "does not exist"),
+                           ("--log-json", tmp / "no" / "x.jsonl", "does not exist"),
+                           ("--plot", tmp / "x.txt", "end with")):
+        code, out = _run_failing(tmp, "train_ptychonn.py", data, *common, opt, path)
+        assert code != 0 and "Traceback" not in out and why in out and "steps per epoch" not in out, out[-3000:]
 
 
 def test_well_next_step_predictor_learns(tmp_path):
