@@ -23,13 +23,13 @@ $(VENV)/.installed: setup.py pyproject.toml
 env: $(VENV)/.installed
 
 demo: env
-	$(VENV)/bin/solar gen ptychonn $(DATA) --samples 2048
+	$(VENV)/bin/solar gen ptychonn $(DATA) --samples 2048 --overwrite
 	$(VENV)/bin/solar inspect $(DATA)
 	$(VENV)/bin/solar simulate $(DATA) -P 8 -b 32 --epochs 4 --buffer-fraction 0.25 0.5 0.9 --plot $(DATA)/hit-rate.png
 	$(VENV)/bin/solar plan $(DATA) -P $(NP) -b 32 --epochs 3 --buffer-fraction 0.5 -o $(DATA)/plan.h5
 	$(VENV)/bin/mpiexec -n $(NP) $(VENV)/bin/solar bench $(DATA) --epochs 3 --buffer-fraction 0.5 --cold --json \
 	    > $(DATA)/bench.json
-	$(VENV)/bin/solar gen ptychonn $(DATA)-valid --samples 128 --seed 1 --no-progress
+	$(VENV)/bin/solar gen ptychonn $(DATA)-valid --samples 128 --seed 1 --no-progress --overwrite
 	$(VENV)/bin/solar simulate $(DATA) -P $(NP) -b 16 --epochs 2 --buffer-fraction 0.5 --policies solar ideal \
 	    --json > $(DATA)/train-simulate.json
 	MASTER_ADDR=127.0.0.1 MASTER_PORT=$(PORT) $(VENV)/bin/mpiexec -n $(NP) $(PY) examples/train_ptychonn.py $(DATA) \

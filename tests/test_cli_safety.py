@@ -325,3 +325,17 @@ def test_closed_stdout_exits_quietly(tmp_path, data, cmd):
     p.wait(timeout=120)
     assert p.returncode in (0, 141), (p.returncode, err)
     assert "Traceback" not in err and "Exception ignored" not in err and "BrokenPipe" not in err, err
+
+
+def test_gen_into_a_folder_with_files_needs_overwrite(tmp_path, capsys):
+    """solar gen replaced a folder's files of the same names without a word (a user's dataset, lost)."""
+    out = tmp_path / "d"
+    assert run_main(capsys, "gen", "ptychonn", str(out), "--samples", "4", "--size", "4", "--no-progress")[0] == 0
+    before = {p: p.stat().st_mtime_ns for p in out.iterdir()}
+    rc, err = run_main(capsys, "gen", "ptychonn", str(out), "--samples", "8", "--size", "4", "--no-progress")
+    assert rc == 2
+    assert_one_error(err, "gen", str(out), "is not empty", "--overwrite")
+    assert {p: p.stat().st_mtime_ns for p in out.iterdir()} == before
+    rc, _ = run_main(capsys, "gen", "ptychonn", str(out), "--samples", "8", "--size", "4", "--no-progress",
+                     "--overwrite")
+    assert rc == 0 and solar.load_layout(str(out)).n_samples == 8

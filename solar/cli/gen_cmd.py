@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
 from ..gen import PRESETS, STORAGE_PRESETS, GenConfig, Storage, generate
+from ..errors import SpecError
 from .argtypes import non_negative_int, positive_int
 
 HELP = """\
@@ -47,6 +49,8 @@ def add_parser(sub):
     p.add_argument("--storage", choices=sorted(STORAGE_PRESETS), help="storage layout (see below)")
     p.add_argument("--chunk-samples", type=positive_int, help="samples per chunk for multi/gzip/lzf (default 4)")
     p.add_argument("--fletcher32", action="store_true", default=None, help="add Fletcher-32 checksums")
+    p.add_argument("--overwrite", action="store_true",
+                   help="write into OUTDIR even if it holds files (those of the same name are replaced)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the written spec as JSON")
     p.set_defaults(run=run)
@@ -54,6 +58,9 @@ def add_parser(sub):
 
 
 def run(args) -> int:
+    if os.path.isdir(args.outdir) and os.listdir(args.outdir) and not args.overwrite:
+        raise SpecError(f"{args.outdir} is not empty ({len(os.listdir(args.outdir))} entries): give an empty or new "
+                        f"folder, or --overwrite to replace its files of the same names")
     storage = None
     if args.storage or args.chunk_samples is not None or args.fletcher32:
         storage = Storage.preset(args.storage or ("multi" if args.chunk_samples else "chunked"),
