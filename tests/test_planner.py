@@ -138,6 +138,9 @@ def test_config_validation_names_bad_value():
         PlanConfig(0, 1, 1, 10)
     with pytest.raises(SpecError, match="epsilon must be in"):
         PlanConfig(1, 1, 1, 10, epsilon=1.5)
+    with pytest.raises(SpecError, match=r"seed must be an integer in \[0, 2\*\*63\), got 9223372036854775808"):
+        PlanConfig(1, 1, 1, 10, seed=2**63)  # DistributedSampler could not seed torch's generator with it + epoch
+    assert PlanConfig(1, 1, 1, 10, seed=2**63 - 1).seed == 2**63 - 1
     with pytest.raises(SpecError, match="unknown policy 'lru'; valid policies: torch, nopfs"):
         run_policy(Demand.synthetic(10, 1), PlanConfig(1, 1, 1, 10), "lru")
     assert parse_bytes("2GiB") == 2 * 2**30 and parse_bytes("1.5e3") == 1500 and parse_bytes("512MB") == 512 * 10**6

@@ -50,8 +50,9 @@ class PlanConfig:
         b = self.buffer_bytes
         if not isinstance(b, int) or isinstance(b, bool) or not 0 <= b <= MAX_BYTES:
             raise SpecError(f"buffer_bytes must be an integer in [0, 2**62], got {b!r}")
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
-            raise SpecError(f"seed must be a non-negative integer, got {self.seed!r}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed < 2**63:
+            # DistributedSampler seeds torch's generator with seed + epoch, which must fit 64 bits
+            raise SpecError(f"seed must be an integer in [0, 2**63), got {self.seed!r}")
         if isinstance(self.epsilon, bool) or not isinstance(self.epsilon, numbers.Real) \
                 or not 0 <= self.epsilon < 1:  # also refuses nan
             raise SpecError(f"epsilon must be in [0, 1), got {self.epsilon!r}")
