@@ -340,16 +340,15 @@ def parse_args(task: Task, doc: str, argv=None):
         if v is not None and v < 1:
             p.error(f"--{k.replace('_', '-')} must be >= 1")
     # outputs written after training: checked now, not after an epoch's work
+    from solar.cli.argtypes import check_output_path
+    from solar.errors import SpecError
     for opt, path, suffixes in (("--checkpoint", args.checkpoint, ()), ("--log-json", args.log_json, ()),
                                 ("--plot", args.plot, (".png", ".pdf", ".svg"))):
-        if path is not None:
-            folder = os.path.dirname(os.path.abspath(path))
-            if os.path.isdir(path):
-                p.error(f"{opt} {path!r} is a folder, not a file name")
-            if not os.path.isdir(folder):
-                p.error(f"{opt} {path!r}: folder {folder} does not exist")
-            if suffixes and not path.lower().endswith(suffixes):
-                p.error(f"{opt} {path!r} must end with {' or '.join(suffixes)}")
+        try:
+            if path is not None:
+                check_output_path(path, opt, suffixes)
+        except SpecError as exc:
+            p.error(str(exc))
     return args
 
 
@@ -508,12 +507,13 @@ def epoch_record(e, first_step, steps, tot, mx, parts, g: Group) -> dict:
 def check_fields(task: Task, data: str, held: Optional[HeldOut], held_name: str):
     """A SolarError naming the data and the fields the task needs that it lacks."""
     from solar.layout import load_layout
-    for name, have in ((data, load_layout(data).field_names), (held_name, held.fields if held else None)):
+    train = load_layout(data)
+    for name, have in ((data, train.field_names), (held_name, held.fields if held else None)):
         missing = [f for f in task.fields if have is not None and f not in have]
         if missing:
             fail(f"{name} has no field(s) {', '.join(missing)} (it has {', '.join(have)})")
     if held is not None and os.path.exists(held_name):  # --valid: another dataset, its samples must fit the model
-        train, valid = load_layout(data), load_layout(held_name)
+        valid = load_layout(held_name)
         for f in task.fields:
             a = (train.field_shapes().get(f), train.field_dtypes().get(f))
             b = (valid.field_shapes().get(f), valid.field_dtypes().get(f))

@@ -251,3 +251,24 @@ def test_version_1_files_are_read(planned, tmp_path, monkeypatch):
     with Schedule.load(path) as s:
         assert s.version == 1 and os.path.samefile(s.source, data)
         s.rank(1)
+
+
+def test_plan_arguments_of_the_wrong_type_are_named(tmp_path):
+    """solar.plan took drop_last="no" as True (bool("no")), and gave AttributeError / TypeError tracebacks for a
+    pathlib.Path, None or an int as data, an int as out and a string epsilon; a path-like is a path."""
+    import pathlib
+    data = make_dataset(tmp_path, "ptychonn", samples=16, size=4)
+    kw = dict(world_size=2, local_batch=2, epochs=1, buffer_fraction=0.5)
+    assert solar.plan(pathlib.Path(data), out=pathlib.Path(tmp_path / "p.h5"), **kw).n_steps == 4
+    for bad, msg in ((dict(drop_last="no"), "drop_last must be True or False, got 'no'"),
+                     (dict(epsilon="0.1"), r"epsilon must be in \[0, 1\), got '0.1'"),
+                     (dict(out=123), "out must be a file path or None, got int 123")):
+        with pytest.raises(solar.SpecError, match=msg):
+            solar.plan(data, **kw, **bad)
+    for bad in (None, 123):
+        with pytest.raises(solar.SpecError, match="data must be a layout spec path, a Layout or a Demand"):
+            solar.plan(bad, **kw)
+    with pytest.raises(solar.SpecError, match="drop_last must be True or False"):
+        PlanConfig(2, 2, 1, 100, drop_last="yes")
+    with pytest.raises(solar.SpecError, match="beyond the 1,073,741,824 samples"):
+        Demand.synthetic(10**11, 1000)

@@ -50,6 +50,7 @@ from .manager import BufferTotals, StepBlocks, StepQueue, StepStats, _Closed, st
 from .node_pools import (DONE, FAILED, CLOSED, FLAG, READ, RECV, NodeBufferError, SharedPools, assign_slots,
                          check_node_memory, get_read_split, node_comm, plan_node_memory)
 from .sizing import DEFAULT_PREFETCH
+from .warmup import resident_at
 
 TAG_MOD = 32000      # transfer tags: step % TAG_MOD (MPI guarantees tags up to 32767)
 TAG_ERR = 32001      # "a rank failed" (payload: its one-line message)
@@ -232,7 +233,7 @@ class NodeBufferManager(StepQueue):
         self._closed = False
         self._failed_shared = False
         self._ran_all = False  # the prefetch thread finished the plan's last step
-        self._send_next = 0    # local rank 0 with transfers: the first step whose sends are not posted yet
+        self._send_next = self.start  # local rank 0 with transfers: the first step whose sends are not posted
         self._closed_nodes: Dict[int, int] = {}  # node -> first step it has not sent, from its TAG_CLOSED notice
         self._err_reqs: list = []
         self.ncomm = self.xcomm = self.shm = None
@@ -401,15 +402,11 @@ class NodeBufferManager(StepQueue):
 
     def _warm_up(self):
         """Read this rank's part of what the plan holds resident when step ``start`` begins (a resume)."""
-        lp, ep = self.lists["load_ptr"], self.lists["evict_ptr"]
-        load, evict = np.asarray(self.lists["load"][:lp[self.start]], np.int64), self.lists["evict"][:ep[self.start]]
-        res = np.zeros(self.block_nbytes.shape[0], dtype=np.int64)  # resident count per block
-        np.add.at(res, load, 1)
-        np.add.at(res, np.asarray(evict, np.int64), -1)
-        rev = load[::-1]
-        blocks, last = np.unique(rev, return_index=True)  # each block's last load before start
-        keep = res[blocks] > 0
-        blocks, slot = blocks[keep], self.load_slot[:lp[self.start]][::-1][last[keep]]
+        lst, lp = self.lists, self.lists["load_ptr"]
+        blocks = resident_at(lst["load"], lp, lst["evict"], lst["evict_ptr"], self.start, self.block_nbytes.shape[0])
+        loaded, last = np.unique(np.asarray(lst["load"][:lp[self.start]], np.int64)[::-1], return_index=True)
+        # each resident block's slot: that of its last load before start (last: positions in the reversed list)
+        slot = self.load_slot[:lp[self.start]][::-1][last[np.searchsorted(loaded, blocks)]]
         self.slot_of[blocks] = slot
         self.resident_bytes = self.peak_resident_bytes = int(self.block_nbytes[blocks].sum())
         ptr = self.split(self.block_stored[blocks], self.L)

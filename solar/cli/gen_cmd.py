@@ -58,9 +58,10 @@ def add_parser(sub):
 
 
 def run(args) -> int:
-    if os.path.isdir(args.outdir) and os.listdir(args.outdir) and not args.overwrite:
-        raise SpecError(f"{args.outdir} is not empty ({len(os.listdir(args.outdir))} entries): give an empty or new "
-                        f"folder, or --overwrite to replace its files of the same names")
+    there = os.listdir(args.outdir) if os.path.isdir(args.outdir) else []
+    if there and not args.overwrite:
+        raise SpecError(f"{args.outdir} is not empty ({len(there)} entries): give an empty or new folder, or "
+                        f"--overwrite to replace its files of the same names")
     storage = None
     if args.storage or args.chunk_samples is not None or args.fletcher32:
         storage = Storage.preset(args.storage or ("multi" if args.chunk_samples else "chunked"),

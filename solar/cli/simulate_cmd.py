@@ -9,7 +9,6 @@ from ..scheduler.nodes import DEFAULT_NETWORK_BPS, DEFAULT_STORAGE_BPS, PeerCost
 from ..scheduler.policies import ALL_POLICIES, POLICIES
 from ..scheduler.run import Demand
 from ..scheduler.simulate import dataset_bytes, format_table, plot, simulate
-from ..layout.limits import MAX_SAMPLES
 from .argtypes import byte_size, check_output_path, epsilon, fraction, non_negative_int, positive_int
 
 EPILOG = """\
@@ -88,8 +87,6 @@ def run(args) -> int:
             raise SpecError("give a SPEC, or --samples and --sample-bytes for a synthetic layout")
         if args.sample_bytes < 1:
             raise SpecError(f"--sample-bytes must be at least 1, got {args.sample_bytes}")
-        if args.samples > MAX_SAMPLES:
-            raise SpecError(f"--samples {args.samples:,} is more than the {MAX_SAMPLES:,} samples a layout may have")
         demand = Demand.synthetic(args.samples, args.sample_bytes, args.samples_per_block, args.blocks_per_sample)
         source = f"synthetic: {args.samples} samples x {args.sample_bytes} B"
     total = dataset_bytes(demand)

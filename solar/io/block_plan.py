@@ -12,6 +12,7 @@ Shapes (k requested blocks, all distinct; R ranges of one file):
 """
 from __future__ import annotations
 
+import os
 from typing import NamedTuple
 
 import numpy as np
@@ -117,7 +118,6 @@ def short_read_error(layout, blocks: np.ndarray, offsets: np.ndarray, got_until:
     lo = int(layout.block_offset[b])
     hi = lo + int(layout.block_stored[b])
     try:  # the file's real size: a read from an aligned offset past the end stops at that offset, not at the end
-        import os
         size = os.path.getsize(layout.files[layout.datasets[int(layout.block_dataset[b])].file])
         end = f"the file has {size} bytes" if size < hi else f"the read ended at byte {got_until}"
     except (OSError, AttributeError, IndexError):

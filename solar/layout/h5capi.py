@@ -7,15 +7,11 @@ index: the mask alone does not tell).
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
-import threading
 from typing import Optional
 
 DONT_FILTER_PARTIAL_CHUNKS = 0x0002  # H5D_CHUNK_DONT_FILTER_PARTIAL_CHUNKS
-
-_lock = threading.Lock()
-_lib: list = []  # [ctypes library or None], once looked up
-
 
 def _loaded_hdf5() -> Optional[str]:
     """The path of the HDF5 C library in this process (h5py's wheel copy or the site's), from /proc/self/maps."""
@@ -31,16 +27,15 @@ def _loaded_hdf5() -> Optional[str]:
     return None
 
 
+@functools.lru_cache(maxsize=None)
 def _hdf5():
-    with _lock:
-        if not _lib:
-            import h5py  # noqa: F401  (loads the library)
-            path = _loaded_hdf5()
-            try:
-                _lib.append(ctypes.CDLL(path) if path else None)
-            except OSError:
-                _lib.append(None)
-        return _lib[0]
+    """HDF5's C library as h5py loaded it (ctypes), or None where it cannot be found."""
+    import h5py  # noqa: F401  (loads the library)
+    path = _loaded_hdf5()
+    try:
+        return ctypes.CDLL(path) if path else None
+    except OSError:
+        return None
 
 
 def chunk_opts(plist) -> Optional[int]:

@@ -233,25 +233,26 @@ def _chunk_table(dsid, shape, chunks, file_size: int, where: str) -> dict:
     return {"offset": offs, "nbytes": sizes, "mask": masks}
 
 
-def _unfiltered_edges(plist, shape, chunks, n_filters: int, table: dict, raw: bool, fallback: str):
-    """``(raw, fallback)``, after marking partial edge chunks that HDF5 stored unfiltered as skipping every filter.
+def _unfiltered_edges(plist, shape, chunks, n_filters: int, table: dict) -> str:
+    """Marks the partial edge chunks that HDF5 stored unfiltered as skipping every filter (in ``table["mask"]``);
+    returns why the dataset must go to the h5py reader instead ("" if it need not).
 
     With ``H5D_CHUNK_DONT_FILTER_PARTIAL_CHUNKS`` (``H5Pset_chunk_opts``) HDF5 writes the chunks that stick
     out of the dataset without their filters but with filter mask 0, and decodes them by the option; running
     the pipeline on them gives wrong bytes (shuffle) or a false checksum error.  Where the option cannot be
     read (HDF5's C library not found), a dataset with partial edge chunks goes to the h5py reader."""
-    edge = np.zeros(tuple(-(-s // c) for s, c in zip(shape, chunks)), dtype=bool)  # over the chunk grid
-    for k, (s, c) in enumerate(zip(shape, chunks)):
-        if s % c:
-            edge[(slice(None),) * k + (-1,)] = True  # the last chunk along axis k is partial
-    if not edge.any():
-        return raw, fallback
+    if all(s % c == 0 for s, c in zip(shape, chunks)):
+        return ""  # no partial edge chunk
     opts = chunk_opts(plist)
     if opts is None:
-        return False, "partial edge chunks, and HDF5's chunk options cannot be read here (h5py reader)"
+        return "partial edge chunks, and HDF5's chunk options cannot be read here (h5py reader)"
     if opts & DONT_FILTER_PARTIAL_CHUNKS:
+        edge = np.zeros(tuple(-(-s // c) for s, c in zip(shape, chunks)), dtype=bool)  # over the chunk grid
+        for k, (s, c) in enumerate(zip(shape, chunks)):
+            if s % c:
+                edge[(slice(None),) * k + (-1,)] = True  # the last chunk along axis k is partial
         table["mask"][edge.reshape(-1)] |= np.uint32((1 << n_filters) - 1)  # (grid,) -> (n_chunks,) row-major
-    return raw, fallback
+    return ""
 
 
 def _linked(h5file: h5py.File, path: str) -> bool:
@@ -298,7 +299,9 @@ def _read_info(h5file: h5py.File, file_idx: int, path: str, where: str, obj, fil
         raise LayoutError(f"{where} declares chunks {chunks} of more than 4 GiB, beyond HDF5's limit (damaged header)")
     table = _chunk_table(dsid, shape, chunks, file_size, where)
     if filters and raw:
-        raw, fallback = _unfiltered_edges(plist, shape, chunks, len(filters), table, raw, fallback)
+        edges = _unfiltered_edges(plist, shape, chunks, len(filters), table)
+        if edges:
+            raw, fallback = False, edges
     return DatasetInfo(file_idx, path, shape, dt.str, chunks, filters, None, stored, fill, raw, fallback), table
 
 

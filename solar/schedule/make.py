@@ -6,7 +6,8 @@ import os
 from typing import Optional, Tuple, Union
 
 from ..errors import SpecError
-from ..scheduler.config import MAX_BYTES, PlanConfig, check_count, check_fraction, parse_bytes
+from ..scheduler.config import (MAX_BYTES, PlanConfig, check_count, check_drop_last, check_epsilon, check_fraction,
+                                parse_bytes)
 from ..scheduler.policies import get_policy
 from ..scheduler.run import Demand, PlanRun
 from ..scheduler.sampler import steps_per_epoch
@@ -103,11 +104,8 @@ def plan(data: Union[str, "Demand", object], *, world_size: int, local_batch: Op
     data, demand, source = _inputs(data, out, progress, split, fields)
     from ..buffer.sizing import residency_budget  # the budget is all the rank's memory: batches held back
     budget = buffer_bytes(demand, world_size, buffer_per_rank, buffer_fraction)
-    epsilon = 0.0 if epsilon is None else epsilon
-    if drop_last is not None and (isinstance(drop_last, str) or drop_last not in (True, False)):
-        raise SpecError(f"drop_last must be True or False, got {drop_last!r}")
-    if isinstance(epsilon, bool) or not isinstance(epsilon, numbers.Real):
-        raise SpecError(f"epsilon must be a number in [0, 1), got {epsilon!r}")
+    epsilon = check_epsilon(0.0 if epsilon is None else epsilon)  # before the budget, which uses it
+    drop_last = check_drop_last(bool(drop_last) if drop_last is None else drop_last)
     cfg = PlanConfig(world_size, local_batch, epochs,
                      residency_budget(budget, demand, local_batch, epsilon, None if data is demand else data),
                      seed=0 if seed is None else seed, drop_last=bool(drop_last), epsilon=epsilon)

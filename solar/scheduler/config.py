@@ -53,14 +53,25 @@ class PlanConfig:
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed < 2**63:
             # DistributedSampler seeds torch's generator with seed + epoch, which must fit 64 bits
             raise SpecError(f"seed must be an integer in [0, 2**63), got {self.seed!r}")
-        if isinstance(self.epsilon, bool) or not isinstance(self.epsilon, numbers.Real) \
-                or not 0 <= self.epsilon < 1:  # also refuses nan
-            raise SpecError(f"epsilon must be in [0, 1), got {self.epsilon!r}")
-        object.__setattr__(self, "drop_last", bool(self.drop_last))
-        object.__setattr__(self, "epsilon", float(self.epsilon))
+        object.__setattr__(self, "drop_last", check_drop_last(self.drop_last))
+        object.__setattr__(self, "epsilon", check_epsilon(self.epsilon))
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def check_epsilon(v) -> float:
+    """``v`` as a float in [0, 1), else a SpecError naming it (also for nan, strings, bools)."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not 0 <= v < 1:
+        raise SpecError(f"epsilon must be in [0, 1), got {v!r}")
+    return float(v)
+
+
+def check_drop_last(v) -> bool:
+    """``v`` as a bool (True/False, or 1/0), else a SpecError: ``bool("no")`` would be True."""
+    if isinstance(v, str) or v not in (True, False):
+        raise SpecError(f"drop_last must be True or False, got {v!r}")
+    return bool(v)
 
 
 def parse_bytes(text) -> int:

@@ -61,6 +61,10 @@ class Demand:
         consecutive samples share their blocks (co-chunk samples)."""
         if n_samples < 1 or sample_bytes < 1 or samples_per_block < 1 or blocks_per_sample < 1:
             raise SpecError("synthetic demand needs positive samples, bytes, samples/block, blocks/sample")
+        from ..layout.limits import MAX_LINKS, MAX_SAMPLES  # the limits of a layout read from files
+        if n_samples > MAX_SAMPLES or n_samples * blocks_per_sample > MAX_LINKS:
+            raise SpecError(f"a synthetic demand of {n_samples:,} samples x {blocks_per_sample} blocks is beyond "
+                            f"the {MAX_SAMPLES:,} samples and {MAX_LINKS:,} sample->block links a layout may have")
         group = np.arange(n_samples, dtype=np.int64) // samples_per_block  # chunk row of each sample
         blocks = (group[:, None] * blocks_per_sample + np.arange(blocks_per_sample)).reshape(-1)  # (N*k,)
         n_blocks = int(group[-1] + 1) * blocks_per_sample
