@@ -189,6 +189,27 @@ def test_version_3_files_are_read_as_fixed_epoch(job, tmp_path):
         assert_same(run_epochs(a, [EPOCHS])[0], run_epochs(b, [EPOCHS])[0])
 
 
+@pytest.mark.parametrize("step", [10**12, 2**70])
+def test_absurd_state_step_is_refused_before_planning_to_it(job, step):
+    """Issue 26: an open-ended loader accepted any step and then planned every window up to it in the training
+    thread, for ever (2**70 is an epoch DistributedSampler cannot even seed).  Refused, naming step and limit."""
+    open_path, _, _ = job
+    with SolarLoader(open_path, rank=0, as_torch=False, reader="pread") as a:
+        state = a.state_dict()
+        state["step"] = step
+        with pytest.raises(SpecError) as info:
+            a.load_state_dict(state)
+        msg = str(info.value)
+        assert f"step {step} is in epoch {step // a.S}" in msg and "1,000,000 epochs" in msg and "\n" not in msg
+        assert ("64 bits" in msg) == (step == 2**70)
+        assert a.cursor == 0 and a.windows.planned == 1  # nothing moved, nothing planned
+        with pytest.raises(SpecError, match="epoch 1000000, beyond the 1,000,000 epochs"):
+            a.set_epoch(10**6)
+        state["step"] = 3 * K * a.S  # a step a job can reach is still accepted (window 3)
+        a.load_state_dict(state)
+        assert a.epoch == 3 * K
+
+
 @pytest.mark.parametrize("opts, needle", [
     (["--epochs", "forever"], "--epochs: must be a positive integer or 'auto', got 'forever'"),
     (["--epochs", "0"], "--epochs: must be a positive integer or 'auto', got '0'"),
@@ -196,6 +217,10 @@ def test_version_3_files_are_read_as_fixed_epoch(job, tmp_path):
     (["--epochs", "auto", "--window", "x"], "--window: not an integer: 'x'"),
     (["--epochs", "4", "--window", "3"], "--window 3 needs --epochs auto"),
     (["--epochs", "auto", "--policy", "nopfs"], "policy 'nopfs' looks at every epoch ahead"),
+    # issue 26: a TypeError traceback (10**20), 8 GB before planning began (2**31), the same with --epochs
+    (["--epochs", "auto", "--window", str(10**20)], "--window: must be at most 1,000,000 epochs"),
+    (["--epochs", "auto", "--window", str(2**31)], "--window: must be at most 1,000,000 epochs"),
+    (["--epochs", str(2**31)], "--epochs: must be at most 1,000,000 epochs"),
 ])
 def test_bad_epochs_and_window_give_one_line(job, tmp_path, capsys, opts, needle):
     _, _, data = job
@@ -216,6 +241,8 @@ def test_bad_epochs_and_window_give_one_line(job, tmp_path, capsys, opts, needle
     (dict(epochs="auto", window=0), "window must be a positive integer (epochs planned at a time), got 0"),
     (dict(epochs="auto", window=2.5), "got 2.5"),
     (dict(epochs=3, window=2), "window=2 needs epochs='auto'"),
+    (dict(epochs="auto", window=10**20), "window must be at most 1,000,000 (solar.scheduler.config.MAX_EPOCHS"),
+    (dict(epochs=2**31), "epochs must be at most 1,000,000 (solar.scheduler.config.MAX_EPOCHS"),
 ])
 def test_bad_epochs_and_window_in_the_api(job, kw, needle):
     _, _, data = job

@@ -10,7 +10,7 @@ import argparse
 import math
 
 from ..errors import SpecError
-from ..scheduler.config import check_fraction, parse_bytes
+from ..scheduler.config import MAX_EPOCHS, check_fraction, parse_bytes
 
 
 def _argtype(check, name: str):
@@ -51,6 +51,14 @@ def _non_negative(text: str) -> int:
     return v
 
 
+def _epochs(text: str) -> int:
+    v = _positive(text)
+    if v > MAX_EPOCHS:
+        raise SpecError(f"must be at most {MAX_EPOCHS:,} epochs (solar.scheduler.config.MAX_EPOCHS: planning is "
+                        f"sequential, epoch after epoch), got {text!r}")
+    return v
+
+
 def _epsilon(text: str) -> float:
     v = _to_float(text)
     if not (math.isfinite(v) and 0 <= v < 1):
@@ -82,6 +90,7 @@ def check_output_path(path: str, what: str, suffixes=()) -> str:
 positive_int = _argtype(_positive, "positive_int")
 seconds = _argtype(_seconds, "seconds")
 non_negative_int = _argtype(_non_negative, "non_negative_int")
+epoch_count = _argtype(_epochs, "epoch_count")
 fraction = _argtype(lambda t: check_fraction("buffer fraction", _to_float(t)), "fraction")
 byte_size = _argtype(parse_bytes, "byte_size")
 epsilon = _argtype(_epsilon, "epsilon")

@@ -5,7 +5,7 @@ import argparse
 import json
 import sys
 
-from .argtypes import byte_size, epsilon, fraction, non_negative_int, positive_int
+from .argtypes import byte_size, epoch_count, epsilon, fraction, non_negative_int, positive_int
 from ..errors import SpecError
 from ..schedule.make import DEFAULT_WINDOW
 from ..scheduler.nodes import DEFAULT_NETWORK_BPS, DEFAULT_STORAGE_BPS, PeerCost
@@ -48,7 +48,7 @@ def add_parser(sub):
     p.add_argument("--epochs", type=epochs_arg,
                    help="epochs to plan, or 'auto' (default): open-ended training, planned a window at a time; "
                         "with --resume-from: the job's total (default: the checkpointed job's)")
-    p.add_argument("--window", type=positive_int,
+    p.add_argument("--window", type=epoch_count,
                    help=f"with --epochs auto: epochs per window (default {DEFAULT_WINDOW}); the file holds the "
                         f"first, the loader plans the next ones in the background")
     g = p.add_mutually_exclusive_group(required=True)
@@ -81,13 +81,14 @@ def add_parser(sub):
 
 
 def epochs_arg(text: str):
-    """``--epochs``: a positive integer, or ``auto`` (open-ended)."""
+    """``--epochs``: a positive integer (at most MAX_EPOCHS), or ``auto`` (open-ended)."""
     if text == "auto":
         return text
     try:
-        return positive_int(text)
+        positive_int(text)
     except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(f"must be a positive integer or 'auto', got {text!r}") from None
+    return epoch_count(text)
 
 
 def run(args) -> int:

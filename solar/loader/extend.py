@@ -144,6 +144,11 @@ class WindowPlanner:
             err, self._error = self._error, None
             raise err
         if w not in self.slices:
+            start = self.planned if w >= self.planned else 1  # an earlier window is planned again from 1
+            if w - start >= 2:  # a resume far into the job: every window before w is planned first
+                log.warning("solar: rank %d plans windows %d..%d (epochs %d..%d) before going on at epoch %d: an "
+                            "open-ended schedule is planned window after window", self.rank, start, w,
+                            start * self.K, (w + 1) * self.K - 1, w * self.K)
             self._plan_until(w)
 
     def close(self):

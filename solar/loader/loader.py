@@ -23,6 +23,7 @@ from ..buffer.sizing import DEFAULT_PREFETCH, max_local_batch
 from ..errors import SolarError, SpecError
 from ..mpi import agree
 from ..schedule import Schedule, ScheduleError
+from ..scheduler.config import check_state_epoch
 from .assemble import BatchAssembler
 from .extend import WindowPlanner
 from .hooks import BatchHooks, EpochLog, bind_layout
@@ -210,6 +211,8 @@ class SolarLoader:
             raise SpecError(f"epoch {e!r} out of range: the schedule has epochs "
                             + ("0, 1, ... (open-ended)" if self.open_ended else f"{first}..{self.epochs - 1}")
                             + (f" (it resumes a job at step {self.schedule.start_step})" if first else ""))
+        if self.open_ended:  # windows up to epoch e are planned first: a bounded number of them
+            check_state_epoch(int(e), self.schedule.config.seed)
         if self.cursor // self.S != e:
             self._seek(max(int(e) * self.S, self.schedule.start_step))
 
@@ -251,6 +254,8 @@ class SolarLoader:
         if self.buffer is None:
             if not self.open_ended and self.cursor >= self.schedule.n_steps:
                 raise SolarError(f"the schedule's {self.epochs} epochs are used up; plan more epochs")
+            if self.open_ended:
+                check_state_epoch(self.cursor // self.S, self.schedule.config.seed, step=self.cursor)
             self._start_buffer()
         return time.perf_counter() - t0
 
@@ -338,6 +343,8 @@ class SolarLoader:
             raise SpecError(f"state step {g} outside the schedule's {self.schedule.n_steps} steps")
         if g < 0:
             raise SpecError(f"state step {g} is negative (an open-ended schedule has steps 0, 1, ...)")
+        if self.open_ended:  # its windows are planned from epoch 0 up to the state's, in this thread
+            check_state_epoch(g // self.S, self.schedule.config.seed, step=g)
         if g < self.schedule.start_step:
             raise SpecError(f"state step {g} is before step {self.schedule.start_step}, where this schedule resumes "
                             f"a job (its steps before are not planned)")

@@ -6,8 +6,8 @@ import os
 from typing import Optional, Tuple, Union
 
 from ..errors import SpecError
-from ..scheduler.config import (MAX_BYTES, PlanConfig, check_count, check_drop_last, check_epsilon, check_fraction,
-                                parse_bytes)
+from ..scheduler.config import (MAX_BYTES, PlanConfig, check_count, check_drop_last, check_epochs,
+                                check_epsilon, check_fraction, parse_bytes)
 from ..scheduler.policies import get_policy
 from ..scheduler.run import Demand, PlanRun
 from ..scheduler.sampler import steps_per_epoch
@@ -42,10 +42,11 @@ def epochs_and_window(epochs, window) -> Tuple[int, int]:
         k = DEFAULT_WINDOW if window is None else window
         if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:
             raise SpecError(f"window must be a positive integer (epochs planned at a time), got {window!r}")
+        check_epochs("window", k)
         return int(k), int(k)
     if isinstance(epochs, str):
         raise SpecError(f"epochs must be a positive integer or 'auto' (open-ended), got {epochs!r}")
-    check_count("epochs", epochs)
+    check_epochs("epochs", epochs)
     if window is not None:
         raise SpecError(f"window={window!r} needs epochs='auto' (open-ended training); with epochs={epochs!r} "
                         f"every epoch is planned up front")

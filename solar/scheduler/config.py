@@ -9,12 +9,44 @@ from ..errors import SpecError
 
 MAX_BYTES = 2**62  # largest byte size accepted: more than any machine holds, and int64 sums of it stay exact
 
+MAX_EPOCHS = 10**6
+"""Most epochs a job may have (``epochs``, an open-ended ``window``, the epoch of a loader state).
+
+Planning is sequential (each epoch starts from the buffers the one before left) and its per-epoch
+totals are kept, so a job of E epochs costs O(E) time and memory before its first batch: a million
+epochs is more than any training job runs (a full-batch job of one step per epoch included), while
+2**31 took 8 GB before planning began and a loader state at step 10**12 planned for ever.  Far
+beyond it, DistributedSampler cannot even seed the epoch: torch's seed, ``seed + epoch``, must fit
+64 bits."""
+
 
 def check_count(name: str, value) -> int:
     """``value`` if it is a positive integer (not a bool), else :class:`SpecError` naming ``name``."""
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise SpecError(f"{name} must be a positive integer, got {value!r}")
     return value
+
+
+def check_epochs(name: str, value) -> int:
+    """``value`` if it is a positive integer of at most :data:`MAX_EPOCHS`, else :class:`SpecError` naming
+    ``name``, the value and the limit."""
+    check_count(name, value)
+    if value > MAX_EPOCHS:
+        raise SpecError(f"{name} must be at most {MAX_EPOCHS:,} (solar.scheduler.config.MAX_EPOCHS: planning is "
+                        f"sequential, epoch after epoch), got {value!r}")
+    return value
+
+
+def check_state_epoch(epoch: int, seed: int, step=None) -> int:
+    """``epoch`` if a job can reach it (below :data:`MAX_EPOCHS`), else :class:`SpecError` naming it (and the
+    ``step`` it was found from), the limit and, beyond 64 bits, that DistributedSampler cannot seed it."""
+    if 0 <= epoch < MAX_EPOCHS:
+        return epoch
+    where = f"step {step} is in epoch {epoch}" if step is not None else f"epoch {epoch}"
+    why = (f"; DistributedSampler cannot even seed it (seed {seed} + epoch must fit 64 bits)"
+           if seed + epoch >= 2**64 else "")
+    raise SpecError(f"{where}, beyond the {MAX_EPOCHS:,} epochs a job may have "
+                    f"(solar.scheduler.config.MAX_EPOCHS){why}")
 
 
 def check_fraction(name: str, value) -> float:
@@ -45,8 +77,9 @@ class PlanConfig:
     epsilon: float = 0.0
 
     def __post_init__(self):
-        for name in ("world_size", "local_batch", "epochs"):
+        for name in ("world_size", "local_batch"):
             check_count(name, getattr(self, name))
+        check_epochs("epochs", self.epochs)
         b = self.buffer_bytes
         if not isinstance(b, int) or isinstance(b, bool) or not 0 <= b <= MAX_BYTES:
             raise SpecError(f"buffer_bytes must be an integer in [0, 2**62], got {b!r}")
