@@ -228,6 +228,42 @@ def test_plan_on_a_full_disk_one_line_no_segfault_no_leftover(tmp_path, data):
     assert left == []
 
 
+NUMBA_CACHE_ON_A_FULL_DISK = """
+import sys
+from solar.cli import main
+rc = main(sys.argv[1:])
+if rc == 0:
+    from solar.loader import SolarLoader
+    with SolarLoader(sys.argv[-1], rank=0, as_torch=False, reader="pread") as loader:
+        print("batches", sum(1 for _ in loader))
+sys.exit(rc)
+"""
+
+
+def test_numba_cache_dir_on_a_full_disk_compiles_without_it(tmp_path, data):
+    """Issue 26: NUMBA_CACHE_DIR on a full disk (a shared folder over its quota): `solar plan` printed a 58-line
+    traceback and the loader called the good schedule "damaged or truncated".  Now both go on without the cache
+    and say so in one line naming NUMBA_CACHE_DIR and the OS error.  (Compiles every kernel: ~20 s.)"""
+    out = tmp_path / "p.h5"
+    with tmpfs(tmp_path / "full", size="16k") as full:
+        fd = os.open(os.path.join(full, "fill"), os.O_WRONLY | os.O_CREAT)
+        with contextlib.suppress(OSError):  # fill it up
+            while True:
+                os.write(fd, b"\0" * 4096)
+        os.close(fd)
+        cache = os.path.join(full, "numba")
+        env = {**os.environ, "PYTHONPATH": REPO, "NUMBA_CACHE_DIR": cache}
+        res = subprocess.run([sys.executable, "-c", NUMBA_CACHE_ON_A_FULL_DISK, "plan", data, "-P", "1", "-b", "4",
+                              "--epochs", "2", "--buffer-fraction", "0.5", "-o", str(out)],
+                             capture_output=True, text=True, env=env, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "Traceback" not in res.stderr and "damaged" not in res.stderr, res.stderr[-3000:]
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"NUMBA_CACHE_DIR={cache}" in lines[0] and "No space left on device" in lines[0], \
+        res.stderr[-3000:]
+    assert "batches 10" in res.stdout  # the first epoch: 40 samples, 4 a step
+
+
 def test_gen_on_a_full_disk_leaves_nothing(tmp_path):
     with tmpfs(tmp_path / "full", size="64k") as full:
         out = os.path.join(full, "d")
