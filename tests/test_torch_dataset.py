@@ -184,6 +184,29 @@ def test_set_epoch_seeks_and_used_up_epochs_say_so(job):
             list(batches(ds, num_workers=0))
 
 
+def test_a_pickled_copy_outside_a_dataloader_says_what_it_is(job):
+    """Issue 26: a pickled SolarDataset (what spawned DataLoader workers get) used as a dataset gave
+    `AttributeError: '_lock'` (iterating) and `'NoneType' object has no attribute 'S'` (len).  Now each use
+    is one SolarError saying it is a pickled copy; closing the copy leaves the original open."""
+    path, data, ref = job
+    with SolarDataset(path, data, rank=RANK) as ds:
+        copy = pickle.loads(pickle.dumps(ds))
+        uses = {"__len__": lambda: len(copy), "__iter__": lambda: iter(copy), "epoch": lambda: copy.epoch,
+                "epochs": lambda: copy.epochs, "epoch_range": copy.epoch_range, "set_epoch": lambda: copy.set_epoch(0),
+                "state_dict": copy.state_dict, "load_state_dict": lambda: copy.load_state_dict(ds.state_dict()),
+                "stats": copy.stats}
+        for name, use in uses.items():
+            with pytest.raises(solar.SolarError) as info:
+                use()
+            msg = str(info.value)
+            assert msg.startswith(f"SolarDataset.{name}: this SolarDataset is a pickled copy") and "\n" not in msg
+        with copy:
+            pass
+        copy.close()
+        assert len(ds) == 8 and assert_same(epochs(ds, ds), ref) is None  # the original still works
+        assert pickle.loads(pickle.dumps(copy))._span == copy._span  # and a copy pickles again (a worker's)
+
+
 def test_persistent_workers_are_refused(job):
     path, data, _ = job
     with SolarDataset(path, data, rank=RANK) as ds:

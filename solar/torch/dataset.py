@@ -79,25 +79,34 @@ class SolarDataset(IterableDataset):
         _OPEN[self._token] = self
 
     # ------------------------------------------------------------------ plan
+    def _own(self, what: str) -> SolarLoader:
+        """The loader, or a SolarError naming ``what`` when this is a pickled copy (which has none)."""
+        if self.loader is None:
+            raise SolarError(f"SolarDataset.{what}: this SolarDataset is a pickled copy, which holds no loader (the "
+                             "copies DataLoader sends its worker processes only hand out step references); use the "
+                             "SolarDataset it was copied from, or build SolarDataset(schedule, ...) in this process")
+        return self.loader
+
     def __len__(self) -> int:
         """Steps per epoch."""
-        return self.loader.S
+        return self._own("__len__").S
 
     @property
     def epoch(self) -> int:
-        return self.loader.epoch
+        return self._own("epoch").epoch
 
     @property
     def epochs(self) -> Optional[int]:
         """Epochs the schedule plans; None for an open-ended schedule (``solar plan --epochs auto``)."""
-        return self.loader.epochs
+        return self._own("epochs").epochs
 
     def epoch_range(self):
         """The epoch positions left to train (:meth:`SolarLoader.epoch_range`)."""
-        return self.loader.epoch_range()
+        return self._own("epoch_range").epoch_range()
 
     def set_epoch(self, epoch: int):
         """:meth:`SolarLoader.set_epoch <solar.loader.SolarLoader.set_epoch>`: a no-op inside ``epoch``."""
+        self._own("set_epoch")
         with self._lock:
             before = self.loader.cursor
             self.loader.set_epoch(epoch)
@@ -109,6 +118,7 @@ class SolarDataset(IterableDataset):
     def state_dict(self, step: Optional[int] = None) -> dict:
         """The loader's state; ``step``: the next global step the training loop has not seen
         (``batch["step"] + 1``), needed mid-epoch when DataLoader workers fetch ahead."""
+        self._own("state_dict")
         with self._lock:
             state = self.loader.state_dict()
             fetched = self.loader.cursor
@@ -130,6 +140,7 @@ class SolarDataset(IterableDataset):
     def load_state_dict(self, state: dict):
         """:meth:`SolarLoader.load_state_dict <solar.loader.SolarLoader.load_state_dict>` (also the state of a job
         checkpointed on other ranks when the schedule resumes it: ``solar plan --resume-from``)."""
+        self._own("load_state_dict")
         with self._lock:
             self.loader.load_state_dict(state)
             self._forget()
@@ -155,6 +166,10 @@ class SolarDataset(IterableDataset):
 
     def _local(self):
         """Iteration in this process (no DataLoader workers)."""
+        self._own("__iter__")  # here, before the first next(): a generator's body runs late
+        return self._steps()
+
+    def _steps(self):
         first, end = self._pass()
         for g in range(first, end):
             yield self._take(g)
@@ -201,14 +216,18 @@ class SolarDataset(IterableDataset):
 
     def __setstate__(self, state: dict):
         self.__dict__.update(state)
-        self.loader = None
+        self.loader = None  # a copy: references in a DataLoader worker, nothing else (see _own)
+        self._lock = threading.Lock()
+        self._gen, self._stash, self._ahead = None, {}, False
 
     # -------------------------------------------------------------- close
     def stats(self) -> dict:
-        return self.loader.stats()
+        return self._own("stats").stats()
 
     def close(self):
-        """Close the loader (buffer, readers, schedule)."""
+        """Close the loader (buffer, readers, schedule); a pickled copy has nothing to close."""
+        if self.loader is None:
+            return  # the token is the original's: it stays open
         _OPEN.pop(self._token, None)
         self.loader.close()
 
@@ -216,6 +235,8 @@ class SolarDataset(IterableDataset):
         return self
 
     def __exit__(self, exc_type, exc, tb):
+        if self.loader is None:
+            return None
         _OPEN.pop(self._token, None)
         return self.loader.__exit__(exc_type, exc, tb)
 
