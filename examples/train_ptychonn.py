@@ -91,7 +91,7 @@ class PtychoNNLike(nn.Module):
 
 # ----------------------------------------------------------------------------- task
 def channels_first(field: str, x: torch.Tensor) -> torch.Tensor:
-    """(n, H, W, 1) as stored -> (n, 1, H, W) float32."""
+    """(n, H, W, 1) as stored -> (n, 1, H, W) float32 (one channel: the same bytes in either memory format)."""
     return x.permute(0, 3, 1, 2).float().contiguous()
 
 
@@ -122,13 +122,27 @@ class Ptycho(trainer.Task):
             trainer.fail(f"{args.data}: {h}x{w} inputs are not divisible by 2**depth = {2 ** args.depth} (--depth)")
         return PtychoNNLike(args.width, args.depth)
 
+    def _stats_on(self, device) -> dict:
+        """``{field: (mean, std clamped)}`` on ``device``, copied there once (a per-step copy of the
+        statistics from pageable memory would make every step wait for the device)."""
+        device = torch.device(device)
+        cache = self.__dict__.setdefault("_on", {})
+        if cache.get("stats") is not self.stats:  # new statistics (setup, or a checkpoint's): copy again
+            cache.clear()
+            cache["stats"] = self.stats
+        if device not in cache:
+            cache[device] = {f: (m.to(device), s.to(device).clamp_min(1e-6)) for f, (m, s) in self.stats.items()}
+        return cache[device]
+
     def standardised(self, batch: dict, device) -> list:
-        """Diffraction, amplitude, phase of the batch, each (n, 1, H, W) in training-data z units."""
+        """Diffraction, amplitude, phase of the batch, each (n, 1, H, W) in training-data z units, in the
+        trainer's memory format."""
         out = []
+        stats = self._stats_on(device)
         for f in self.fields:
-            mean, std = self.stats[f]
+            mean, std = stats[f]
             x = channels_first(f, batch[f].to(device, non_blocking=True))
-            out.append((x - mean.to(device)) / std.to(device).clamp_min(1e-6))
+            out.append(((x - mean) / std).contiguous(memory_format=self.memory_format))
         return out
 
     def losses(self, model, batch, device, split="train"):

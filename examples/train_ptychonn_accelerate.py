@@ -47,6 +47,8 @@ def parse_args(argv=None):
     p.add_argument("--checkpoint", default=None, help="folder for accelerator.save_state")
     p.add_argument("--resume", action="store_true", help="accelerator.load_state(--checkpoint) first")
     p.add_argument("--cpu", action="store_true", help="ignore CUDA")
+    p.add_argument("--mixed-precision", choices=("no", "bf16", "fp16"), default=None,
+                   help="Accelerate's mixed precision (default: accelerate launch's setting, else no); bf16 on GPUs")
     args = p.parse_args(argv)
     args.fields = list(FIELDS)
     if args.resume and not args.checkpoint:
@@ -78,17 +80,21 @@ class TrainingState:
 def run_epoch(accelerator, model, opt, task: Ptycho, batches, state: TrainingState, stop: int) -> torch.Tensor:
     """Train on ``batches`` (the rest of one epoch) until global step ``stop``; returns float64
     ``[sum of per-sample losses, samples]`` summed over ranks."""
-    total = torch.zeros(2, dtype=torch.float64)
+    loss_sum = torch.zeros((), dtype=torch.float64, device=accelerator.device)  # on the device: no wait per step
+    n = 0
     for batch in batches:
-        per_sample = sum(task.losses(model, batch, accelerator.device).values())  # (n,) on the device
+        with accelerator.autocast():
+            per_sample = sum(task.losses(model, batch, accelerator.device).values())  # (n,) on the device
         opt.zero_grad(set_to_none=True)
-        accelerator.backward(per_sample.mean() * batch["weight"])
+        accelerator.backward(per_sample.float().mean() * batch["weight"])
         opt.step()
-        total += torch.tensor([float(per_sample.detach().double().sum()), len(per_sample)], dtype=torch.float64)
+        loss_sum += per_sample.detach().double().sum()
+        n += len(per_sample)
         state.next_step = batch["step"] + 1
         if state.next_step >= stop:
             break
-    return accelerator.reduce(total.to(accelerator.device), reduction="sum").cpu()
+    total = torch.stack([loss_sum, torch.full((), float(n), dtype=torch.float64, device=accelerator.device)])
+    return accelerator.reduce(total, reduction="sum").cpu()
 
 
 def say(accelerator, line: str):
@@ -154,7 +160,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     # Accelerate runs DDP on CPU only with cpu=True (gloo): a plain Accelerator() without CUDA leaves
     # every launched process alone, each training its own model
-    accelerator = Accelerator(cpu=args.cpu or not torch.cuda.is_available())
+    kw = {} if args.mixed_precision is None else dict(mixed_precision=args.mixed_precision)
+    accelerator = Accelerator(cpu=args.cpu or not torch.cuda.is_available(), **kw)
     try:
         train(accelerator, args)
     except SolarError as exc:

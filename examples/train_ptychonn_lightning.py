@@ -31,6 +31,8 @@ def parse_args(argv=None):
     p.add_argument("--depth", type=int, default=3)
     p.add_argument("--stats-samples", type=int, default=4096)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--precision", default="32-true",
+                   help="Lightning's precision, e.g. bf16-mixed on GPUs (default 32-true)")
     args = p.parse_args(argv)
     args.fields = list(FIELDS)
     return args
@@ -75,7 +77,7 @@ def main(argv=None) -> int:
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # torchrun: processes on this node
     fit = L.Trainer(max_epochs=args.epochs, accelerator="auto", devices=local, strategy="ddp",
                     num_nodes=int(os.environ.get("WORLD_SIZE", str(local))) // local,
-                    use_distributed_sampler=False, logger=False, enable_checkpointing=False,
+                    use_distributed_sampler=False, logger=False, enable_checkpointing=False, precision=args.precision,
                     enable_progress_bar=False, enable_model_summary=False)
     fit.fit(Module(), torch.utils.data.DataLoader(ds, batch_size=None, num_workers=0))
     ds.close()

@@ -55,6 +55,7 @@ def frames_as_channels(x: torch.Tensor) -> torch.Tensor:
 class Well(trainer.Task):
     name = "train_well"
     stats_per_field = False  # stats.yaml's, read by WellTransform
+    device_batches = False  # WellTransform works on CPU batches; the frames go to the device after it
 
     def add_args(self, p):
         p.add_argument("--width", type=int, default=32, help="channels of the residual blocks")
@@ -101,8 +102,8 @@ class Well(trainer.Task):
         """Input frames (n, Ti*C, H, W) and target frames (n, To*C, H, W), z-scored."""
         cpu = {k: (v.cpu() if torch.is_tensor(v) else v) for k, v in batch.items()}
         w = self.transform[split](cpu)
-        return (frames_as_channels(w["input_fields"]).to(device, non_blocking=True),
-                frames_as_channels(w["output_fields"]).to(device, non_blocking=True))
+        return tuple(frames_as_channels(w[k]).to(device, non_blocking=True).contiguous(memory_format=self.memory_format)
+                     for k in ("input_fields", "output_fields"))
 
     def losses(self, model, batch, device, split="train"):
         x, y = self.frames(batch, split, device)

@@ -31,6 +31,9 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+import step as stepping
+from step import sorted_batch
+
 
 # ----------------------------------------------------------------------------- errors
 def fail(msg: str):
@@ -41,29 +44,46 @@ def fail(msg: str):
 
 # ----------------------------------------------------------------------------- collectives
 class Group:
-    """The job's ranks over ``torch.distributed`` (object collectives on the default group)."""
+    """The job's ranks over ``torch.distributed`` (object collectives on the default group).
+
+    Works in any default group: solar's ``cpu:gloo,cuda:nccl`` (CPU tensors reduced by gloo), or an
+    NCCL-only group that a framework made (Lightning, Accelerate), where :meth:`allreduce` goes through
+    this rank's GPU; without one (a framework running a single process), a job of one rank."""
 
     def __init__(self):
+        self.alone = not dist.is_initialized()
+        if self.alone:
+            self.rank, self.size, self.device = 0, 1, torch.device("cpu")
+            return
         self.rank, self.size = dist.get_rank(), dist.get_world_size()
+        nccl_only = str(dist.get_backend()).lower() == "nccl"
+        self.device = torch.device("cuda", torch.cuda.current_device()) if nccl_only else torch.device("cpu")
 
     def barrier(self):
-        dist.barrier()
+        if not self.alone:
+            dist.barrier()
 
     def bcast(self, obj):
+        if self.alone:
+            return obj
         box = [obj]
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
     def allgather(self, obj) -> list:
+        if self.alone:
+            return [obj]
         out = [None] * self.size
         dist.all_gather_object(out, obj)
         return out
 
     def allreduce(self, values) -> np.ndarray:
-        """Element-wise sum over ranks of a float64 vector (CPU tensor: gloo)."""
-        t = torch.as_tensor(np.asarray(values, dtype=np.float64))
+        """Element-wise sum over ranks of a float64 vector (a CPU tensor where the group reduces them)."""
+        if self.alone:
+            return np.asarray(values, dtype=np.float64).copy()
+        t = torch.as_tensor(np.asarray(values, dtype=np.float64)).to(self.device)
         dist.all_reduce(t)
-        return t.numpy()
+        return t.cpu().numpy()
 
 
 def on_root(g: Group, fn):
@@ -140,6 +160,11 @@ class Task:
     fields: Tuple[str, ...] = ()
     stats: dict = {}
     stats_per_field = True  # setup computes ``stats[field]`` for every field (a checkpoint must hold them)
+    #: the loader puts batches on the training device ahead of use (False: :meth:`losses` takes CPU batches,
+    #: e.g. for a CPU transform, and moves what it needs itself)
+    device_batches = True
+    #: memory format of the model's inputs (the trainer sets it: channels_last with ``--channels-last``)
+    memory_format = torch.contiguous_format
 
     def add_args(self, p: argparse.ArgumentParser):
         pass
@@ -163,24 +188,13 @@ class Task:
         raise NotImplementedError
 
 
-def sorted_batch(batch: dict, ids: np.ndarray) -> Tuple[dict, np.ndarray]:
-    """The local batch in sample-id order (tensors of the batch's length reordered; others kept)."""
-    order = np.argsort(ids, kind="stable")
-    if np.all(order[:-1] < order[1:]):
-        return batch, ids
-    idx = torch.from_numpy(order)
-    n = len(ids)
-    out = {k: (v[idx] if torch.is_tensor(v) and v.dim() and len(v) == n else v) for k, v in batch.items()}
-    return out, ids[order]
-
-
 # ----------------------------------------------------------------------------- loaders
 class SolarSource:
     """solar's planned loader: each rank's local batches as the schedule file says."""
 
     kind = "solar"
 
-    def __init__(self, plan_path: str, data: str, rank: int, pin_memory: bool):
+    def __init__(self, plan_path: str, data: str, rank: int, pin_memory: bool, device=None):
         from solar.loader import SolarLoader
         from solar.schedule import Schedule
         schedule, comm = Schedule.load(plan_path), None
@@ -190,7 +204,8 @@ class SolarSource:
             if comm.Get_size() != schedule.world_size:
                 fail(f"{plan_path} is a node plan (ranks of a node share one buffer through MPI): run the job "
                      f"under mpiexec or srun with {schedule.world_size} MPI ranks ({comm.Get_size()} here)")
-        self.loader = SolarLoader(schedule, data, comm=comm, rank=rank, pin_memory=pin_memory)
+        # device: each batch copied to the GPU in the loader's prefetch thread, on a side stream, ahead of use
+        self.loader = SolarLoader(schedule, data, comm=comm, rank=rank, pin_memory=pin_memory, device=device)
         self.steps_per_epoch = len(self.loader)
         self.epochs = self.loader.epochs
         self.local_batch = self.loader.schedule.local_batch
@@ -240,7 +255,8 @@ class BaselineSource:
 
     kind = "baseline"
 
-    def __init__(self, data: str, g: Group, local_batch: int, seed: int, workers: int, pin_memory: bool):
+    def __init__(self, data: str, g: Group, local_batch: int, seed: int, workers: int, pin_memory: bool,
+                 device=None):
         import multiprocessing
 
         from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
@@ -264,6 +280,7 @@ class BaselineSource:
             self.loader = DataLoader(self.dataset, batch_size=None, sampler=BatchSampler(self.view, local_batch, False),
                                      num_workers=workers, pin_memory=pin_memory, **kw)
         self.local_batch = local_batch
+        self.device = device  # batches copied there ahead of use (solar.torch.to_device: a side stream)
         self.steps_per_epoch = math.ceil(len(self.sampler) / local_batch)
         self.epochs = None
         self.cursor = 0
@@ -286,7 +303,11 @@ class BaselineSource:
         self.sampler.set_epoch(e)
         order = np.fromiter(iter(self.sampler), dtype=np.int64)  # what the loader will read, in order
         self.view.skip = first * b
-        for k, batch in enumerate(self.loader, start=first):
+        batches = self.loader
+        if self.device is not None:
+            from solar.torch import to_device
+            batches = to_device(self.loader, self.device, depth=2)
+        for k, batch in enumerate(batches, start=first):
             self.cursor = e * S + k + 1
             yield order[k * b:(k + 1) * b], batch, 1.0
 
@@ -298,6 +319,53 @@ class BaselineSource:
         self.dataset.close()
 
 
+class ResidentSource:
+    """No loader: the same loop fed one local batch (this rank's first of epoch 0, in sample-id order) that
+    sits on the device, at every step.  Its steps/s is the loop's own ceiling, what a loader can at best let
+    it reach (``--loader resident``); it trains on that one batch only."""
+
+    kind = "resident"
+
+    def __init__(self, data: str, g: Group, local_batch: int, seed: int, device, on_device: bool):
+        from torch.utils.data import DistributedSampler
+        read, n, ds = sample_reader(data)
+        sampler = DistributedSampler(range(n), num_replicas=g.size, rank=g.rank, shuffle=True, seed=seed,
+                                     drop_last=False)
+        self.ids = np.sort(np.fromiter(iter(sampler), dtype=np.int64)[:local_batch])
+        try:
+            batch = read(self.ids)
+        finally:
+            ds.close()
+        self.batch = {k: (v.to(device) if on_device else v) for k, v in batch.items()}
+        self.local_batch = local_batch
+        self.steps_per_epoch = math.ceil(len(sampler) / local_batch)
+        self.epochs = None
+        self.cursor = 0
+        self.ident = dict(n_samples=n, world_size=g.size, local_batch=local_batch, seed=seed, resident=True)
+
+    def state(self) -> dict:
+        return dict(self.ident, step=self.cursor)
+
+    def restore(self, state: dict):
+        if any(state.get(k) != v for k, v in self.ident.items()):
+            fail("checkpoint was saved by another --loader resident job")
+        self.cursor = int(state["step"])
+
+    def batches(self, e: int):
+        S = self.steps_per_epoch
+        if not e * S <= self.cursor < (e + 1) * S:
+            self.cursor = e * S
+        for k in range(self.cursor - e * S, S):
+            self.cursor = e * S + k + 1
+            yield self.ids, self.batch, 1.0
+
+    def epoch_stats(self) -> dict:
+        return {}
+
+    def close(self):
+        self.batch = None
+
+
 # ----------------------------------------------------------------------------- arguments
 def parse_args(task: Task, doc: str, argv=None):
     p = argparse.ArgumentParser(description=doc.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -306,7 +374,9 @@ def parse_args(task: Task, doc: str, argv=None):
                                    "the reference predictors")
     p.add_argument("--valid-split", help="held-out data: this split of the training data's spec (e.g. valid)")
     p.add_argument("--valid-samples", type=int, default=512, help="held-out samples evaluated (the first N)")
-    p.add_argument("--loader", choices=("solar", "baseline"), default="solar")
+    p.add_argument("--loader", choices=("solar", "baseline", "resident"), default="solar",
+                   help="solar's planned loader; baseline: DataLoader + DistributedSampler over h5py; resident: no "
+                        "loader, one batch kept on the device fed at every step (the loop's own ceiling)")
     p.add_argument("--plan", help="schedule file (solar); planned on rank 0 when missing")
     p.add_argument("--replan", action="store_true", help="plan again even if the schedule file exists")
     p.add_argument("--ranks-per-node", type=int, help="when planning: node-shared buffers, this many ranks per node "
@@ -329,13 +399,14 @@ def parse_args(task: Task, doc: str, argv=None):
     p.add_argument("--log-json", help="rank 0 writes JSON lines: every step (sample ids per rank as the loader "
                                       "gave them, loss) and every epoch summary")
     p.add_argument("--plot", help="rank 0 writes the loss curves here (PNG; needs matplotlib)")
+    stepping.add_args(p)
     task.add_args(p)
     args = p.parse_args(argv)
     if args.resume and not args.checkpoint:
         p.error("--resume needs --checkpoint")
     if args.valid and args.valid_split:
         p.error("give --valid or --valid-split, not both")
-    for k in ("epochs", "local_batch", "max_steps", "stats_samples", "valid_samples"):
+    for k in ("epochs", "local_batch", "max_steps", "stats_samples", "valid_samples", "log_every"):
         v = getattr(args, k)
         if v is not None and v < 1:
             p.error(f"--{k.replace('_', '-')} must be >= 1")
@@ -531,6 +602,10 @@ def train(args, task: Task, g: Group, device: torch.device, threads: int, topo):
     cuda = device.type == "cuda"
     quiet_grad_strides()
     root = g.rank == 0
+    precision = stepping.precision_from_args(args, device)
+    stepping.configure(precision, device)
+    task.memory_format = precision.memory_format
+    on_device = cuda and task.device_batches  # the loader puts batches on the GPU ahead of use
 
     def say(*a):
         if root:
@@ -539,18 +614,24 @@ def train(args, task: Task, g: Group, device: torch.device, threads: int, topo):
     # ------------------------------------------------------------- data
     if args.loader == "solar":
         plan_path = ensure_plan(args, g)
-        source = SolarSource(plan_path, args.data, g.rank, pin_memory=cuda)
+        source = SolarSource(plan_path, args.data, g.rank, pin_memory=cuda, device=device if on_device else None)
         if args.local_batch and args.local_batch != source.local_batch:
             fail(f"{plan_path} has local batch {source.local_batch}, not {args.local_batch}")
         epochs = args.epochs or source.epochs
         if epochs > source.epochs:
             fail(f"{plan_path} has {source.epochs} epochs, the job wants {epochs}; plan more (--replan)")
         how = f"schedule {plan_path}, reader {source.loader.reader_name}"
-    else:
+    elif args.loader == "baseline":
         plan_path = None
-        source = BaselineSource(args.data, g, args.local_batch or 32, args.seed, args.workers, pin_memory=cuda)
+        source = BaselineSource(args.data, g, args.local_batch or 32, args.seed, args.workers, pin_memory=cuda,
+                                device=device if on_device else None)
         epochs = args.epochs or 5
         how = f"DataLoader, {args.workers} worker(s), h5py {source.read_kind}"
+    else:
+        plan_path = None
+        source = ResidentSource(args.data, g, args.local_batch or 32, args.seed, device, on_device)
+        epochs = args.epochs or 5
+        how = "one batch resident on the device, fed at every step"
     S = source.steps_per_epoch
     max_steps = min(args.max_steps or epochs * S, epochs * S)
     held = HeldOut(args.valid or args.data, args.valid_split, g, args.valid_samples, source.local_batch) \
@@ -587,7 +668,7 @@ def train(args, task: Task, g: Group, device: torch.device, threads: int, topo):
         where = task.setup(args, g)
         say(f"normalisation statistics: {where} ({time.perf_counter() - t:.1f} s)")
     torch.manual_seed(args.seed)
-    model = task.model(args).to(device)
+    model = task.model(args).to(device, memory_format=precision.memory_format)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     step = 0
     if ck is not None:
@@ -599,10 +680,11 @@ def train(args, task: Task, g: Group, device: torch.device, threads: int, topo):
         source.restore(ck["loader"])
         step = int(ck["step"])
     ddp = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
+    net = torch.compile(ddp) if precision.compile else ddp
     n_params = sum(p.numel() for p in model.parameters())
     say(f"{task.name}: {g.size} ranks on {topo.nodes} node(s) ({topo.source or 'one process'}), "
         f"{dist.get_backend()}, device {device}{'' if cuda else f', {threads} thread(s) per rank'}; "
-        f"model {n_params / 1e6:.3f} M parameters")
+        f"model {n_params / 1e6:.3f} M parameters; {precision.describe()}")
     say(f"loader {source.kind} ({how}): {S} steps per epoch of local batch {source.local_batch}, {epochs} epochs, "
         f"stop after step {max_steps}" + (f"; held-out: {held.n} samples of {held_name}" if held else ""))
 
@@ -638,6 +720,7 @@ def train(args, task: Task, g: Group, device: torch.device, threads: int, topo):
     history: List[dict] = []
     step_losses: List[Tuple[int, float]] = []
     parts: Tuple[str, ...] = ()
+    pending = stepping.StepLosses(args.log_every)  # per-step loss sums, on the device until read back
     try:
         for e in range(step // S, epochs):
             if step >= max_steps:
@@ -645,6 +728,27 @@ def train(args, task: Task, g: Group, device: torch.device, threads: int, topo):
             first_step = step
             sums = np.zeros(0)
             stall = 0.0
+
+            def drain():
+                """Read the pending steps' losses back to the host (one wait for the device), reduce them
+                over ranks in one collective, log them.  Every rank drains at the same steps."""
+                nonlocal sums
+                rows = pending.flush()
+                if not rows:
+                    return
+                vals = np.stack([r[3] for r in rows])
+                sums = vals.sum(0) if not sums.size else sums + vals.sum(0)
+                k = len(rows)
+                both = g.allreduce(np.concatenate([vals[:, 0], [r[2] for r in rows]]))
+                for (s_, _, _, _), tot, cnt in zip(rows, both[:k], both[k:]):
+                    step_losses.append((s_ + 1, float(tot / cnt)))
+                if args.log_json:
+                    ids = g.allgather([[int(i) for i in r[1]] for r in rows])  # per rank: per step
+                    if log:
+                        for j, (s_, _, _, _) in enumerate(rows):
+                            log.write(json.dumps(dict(step=s_, epoch=e, index=[x[j] for x in ids],
+                                                      loss=float(both[j] / both[k + j]))) + "\n")
+
             g.barrier()
             t0 = time.perf_counter()
             it = source.batches(e)
@@ -658,31 +762,21 @@ def train(args, task: Task, g: Group, device: torch.device, threads: int, topo):
                 delivered, batch, weight = item  # sample ids in the loader's order (logged as such)
                 batch, ids = sorted_batch(batch, delivered)
                 batch.setdefault("index", torch.from_numpy(ids))  # the baseline's batches hold fields only
-                per = task.losses(ddp, batch, device)
-                parts = tuple(per)
-                per_sample = sum(per.values())
-                loss = per_sample.mean() * weight
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-                vals = np.array([float(per_sample.detach().double().sum())] +
-                                [float(v.detach().double().sum()) for v in per.values()])
-                sums = vals if not sums.size else sums + vals
+                parts, sums_dev = stepping.train_step(task, net, opt, batch, device, weight, precision)
+                pending.add(step, delivered, len(ids), sums_dev)
                 n_e += len(ids)
                 mine["distinct"].update(int(i) for i in ids)
-                both = g.allreduce([vals[0], len(ids)])
-                step_losses.append((step + 1, float(both[0] / both[1])))
                 if step == resumed_at:
                     ids0 = g.allgather([int(i) for i in delivered])
                     say(f"first batch after resume (step {step}): " +
                         "; ".join(f"rank {r}: {x}" for r, x in enumerate(ids0)))
-                if args.log_json:
-                    rec = g.allgather([int(i) for i in delivered])
-                    if log:
-                        log.write(json.dumps(dict(step=step, epoch=e, index=rec, loss=float(both[0] / both[1]))) + "\n")
                 step += 1
+                if pending.due:
+                    drain()
                 if args.checkpoint_every and step % args.checkpoint_every == 0 and step < max_steps:
+                    drain()
                     save(e)
+            drain()
             if cuda:
                 torch.cuda.synchronize()
             seconds = time.perf_counter() - t0
@@ -758,7 +852,8 @@ def main(task: Task, doc: str, argv=None) -> int:
     try:
         from solar.torch import init_distributed
         cuda = torch.cuda.is_available() and not args.cpu
-        topo = init_distributed(backend="nccl" if cuda else "gloo")
+        # with CUDA: NCCL for the model's gradients, gloo for the CPU tensors the loop reduces (one group)
+        topo = init_distributed(backend=None if cuda else "gloo")
         rank = topo.rank
         device = torch.device(topo.device(cuda, torch.cuda.device_count()))
         threads = args.threads or default_threads(topo.local_size)

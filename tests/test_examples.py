@@ -276,3 +276,28 @@ def test_accelerate_variant_trains_and_resumes_like_the_example(ptycho):
     losses = [g[3] for g in got[0] + got[1]]
     assert losses == pytest.approx([part[0], rest[0], full[1], full[2]], rel=1e-3), outs[1][-2000:]
     assert (STOP * losses[0] + (S - STOP) * losses[1]) / S == pytest.approx(full[0], rel=1e-3)  # all of epoch 0
+
+
+def test_gpu_style_options_train(ptycho):
+    """The options GPU users run with, on CPU: bf16 autocast and channels_last (the losses are read back every 3
+    steps, each step still logged), the loop fed one resident batch (its own ceiling), and torch.compile, whose
+    first steps give the losses of the eager fp32 run."""
+    tmp, data = ptycho["tmp"], ptycho["data"]
+    common = [data, "--epochs", EPOCHS, "--local-batch", B, "--width", 8, "--depth", 2]
+    log = tmp / "bf16.jsonl"
+    out = run_example(tmp, "train_ptychonn.py", *common, "--loader", "resident", "--amp", "bf16", "--channels-last",
+                      "--log-every", 3, "--log-json", log)
+    assert "amp bf16, channels_last" in out and "loader resident" in out
+    steps, epochs = read_log(log)
+    assert sorted(steps) == list(range(EPOCHS * S))
+    assert all(steps[g]["index"] == steps[0]["index"] for g in steps)  # the same batch every step
+    assert epochs[-1]["loss"] < 0.7 * epochs[0]["loss"]  # it learns that one batch
+    log = tmp / "compiled.jsonl"
+    out = run_example(tmp, "train_ptychonn.py", *common, "--plan", ptycho["plan"], "--compile", "--max-steps", 4,
+                      "--log-every", 2, "--log-json", log, timeout=600)
+    assert "compiled" in out
+    got, _ = read_log(log)
+    ref, _ = ptycho["runs"]["solar"]["log"]
+    assert sorted(got) == [0, 1, 2, 3]
+    for g in range(4):
+        assert got[g]["index"] == ref[g]["index"] and got[g]["loss"] == pytest.approx(ref[g]["loss"], rel=1e-4)

@@ -123,6 +123,24 @@ def test_to_device_queues_copies_ahead():
         next(to_device(src, "cpu", depth=0))
 
 
+def test_sample_ids_stay_on_the_host():
+    """``index`` is not copied (the loop reads the ids; from the device that would wait for it): the same tensor
+    object comes back, in the batch's key order, and no copy of it is queued; ``host_keys=()`` moves it too."""
+    streams = FakeStreams()
+    mover = DeviceMover("cpu", ring=2, streams=streams)
+    index = torch.arange(4)
+    batch = {"x": torch.randn(4, 3), "index": index, "weight": 1.0}
+    got = mover.hand_over(mover.stage(batch))
+    assert got["index"] is index and list(got) == ["x", "index", "weight"]
+    assert [e for e in streams.log if e[0] == "copy"] == [("copy", streams.buffers[0])]  # x alone
+    assert [e for e in streams.log if e[0] == "hand_over"] == [("hand_over", got["x"].data_ptr())]
+    streams = FakeStreams()
+    both = DeviceMover("cpu", ring=2, streams=streams, host_keys=())
+    got = both.hand_over(both.stage(batch))
+    assert got["index"] is not index and torch.equal(got["index"], index)
+    assert len([e for e in streams.log if e[0] == "copy"]) == 2
+
+
 def test_bad_devices_are_refused():
     with pytest.raises(solar.SpecError, match="is not a torch device"):
         DeviceMover("gpu0")

@@ -11,6 +11,9 @@ and calls ``record_stream`` on every device tensor, so PyTorch's caching allocat
 the memory to another tensor while the training stream may still use it.  Tensors that are
 already pinned are copied straight from where they are (kept alive until the copy is done).
 On a CPU device nothing is copied; other devices get a plain ``.to(device)``.
+
+The top-level keys in ``host_keys`` (default ``index``: the batch's sample ids) stay on the host: the
+training loop logs and checks them, and reading them back from the device would wait for the GPU.
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ from ..errors import SpecError
 __all__ = ["DeviceMover", "to_device"]
 
 ALIGN = 64  # bytes: each tensor's place in a staging buffer starts at a multiple of this
+HOST_KEYS = ("index",)  # top-level batch keys that stay on the host
 
 
 class CudaStreams:
@@ -77,12 +81,13 @@ class _Slot:
 
 
 class _InFlight:
-    """A batch whose device copy was queued: the batch (device tensors) and the copy's event."""
+    """A batch whose device copy was queued: the batch (device tensors), the copy's event, and the
+    entries kept on the host (put back into the batch when it is handed over)."""
 
-    __slots__ = ("batch", "event")
+    __slots__ = ("batch", "event", "host", "keys")
 
-    def __init__(self, batch, event):
-        self.batch, self.event = batch, event
+    def __init__(self, batch, event, host=None, keys=()):
+        self.batch, self.event, self.host, self.keys = batch, event, host or {}, keys
 
 
 class DeviceMover:
@@ -92,9 +97,10 @@ class DeviceMover:
     ``ring``: staging buffers (>= 1).  ``streams``: the CUDA operations (default
     :class:`CudaStreams` for a CUDA device; tests pass a stand-in).  ``staging_allocations``
     counts pinned buffers allocated (a ring reused: at most ``ring`` plus one per growth).
+    ``host_keys``: top-level keys of a dict batch that are not moved (default :data:`HOST_KEYS`).
     """
 
-    def __init__(self, device, ring: int = 3, streams=None):
+    def __init__(self, device, ring: int = 3, streams=None, host_keys=HOST_KEYS):
         try:
             self.device = torch.device(device)
         except (RuntimeError, TypeError) as exc:
@@ -106,14 +112,20 @@ class DeviceMover:
                 raise SpecError(f"device {device!r}: CUDA is not available in this process")
             streams = CudaStreams(self.device)
         self.streams = streams
+        self.host_keys = tuple(host_keys)
         self.ring = [_Slot() for _ in range(ring)]
         self.staged = 0
         self.staging_allocations = 0
 
     def stage(self, batch) -> _InFlight:
         """Start moving ``batch`` (dict / list / tuple of tensors and other values) to the device."""
+        host, keys = {}, ()
+        if isinstance(batch, dict) and self.host_keys:
+            host = {k: batch[k] for k in self.host_keys if k in batch}
+            keys = tuple(batch)
+            batch = {k: v for k, v in batch.items() if k not in host}
         if self.streams is None:
-            return _InFlight(_map(batch, lambda t: t.to(self.device)), None)
+            return _InFlight(_map(batch, lambda t: t.to(self.device)), None, host, keys)
         slot = self.ring[self.staged % len(self.ring)]
         self.staged += 1
         if slot.event is not None:
@@ -138,27 +150,30 @@ class DeviceMover:
 
         moved = _map(batch, move)
         slot.event = self.streams.record()
-        return _InFlight(moved, slot.event)
+        return _InFlight(moved, slot.event, host, keys)
 
     def hand_over(self, staged: _InFlight):
-        """The batch, its device tensors safe to use on the current stream."""
+        """The batch, its device tensors safe to use on the current stream (the host keys put back)."""
         if staged.event is not None:
             self.streams.wait(staged.event)
             for t in _tensors(staged.batch):
                 self.streams.hand_over(t)
+        if staged.host:  # back in the batch's own key order
+            return {k: staged.host[k] if k in staged.host else staged.batch[k] for k in staged.keys}
         return staged.batch
 
 
-def to_device(batches: Iterable, device, depth: int = 2, streams=None) -> Iterator:
+def to_device(batches: Iterable, device, depth: int = 2, streams=None, host_keys=HOST_KEYS) -> Iterator:
     """Iterate ``batches`` moved to ``device``, the copies of the next ``depth`` batches queued
-    before a batch is handed out (staging in the calling thread; see :class:`DeviceMover`)::
+    before a batch is handed out (staging in the calling thread; see :class:`DeviceMover`; the keys
+    in ``host_keys``, default ``index``, stay on the host)::
 
         for batch in to_device(DataLoader(ds, batch_size=None, num_workers=2), "cuda"):
             ...
     """
     if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
         raise SpecError(f"depth must be an integer >= 1 (batches ahead), got {depth!r}")
-    mover = DeviceMover(device, ring=depth + 1, streams=streams)
+    mover = DeviceMover(device, ring=depth + 1, streams=streams, host_keys=host_keys)
     queued: deque = deque()
     for batch in batches:
         queued.append(mover.stage(batch))

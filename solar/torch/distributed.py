@@ -10,22 +10,60 @@ import torch.distributed as dist
 from ..errors import SpecError
 from ..topology import Topology, detect, launcher
 
-__all__ = ["init_distributed"]
+__all__ = ["init_distributed", "process_group_backend"]
+
+#: What ``init_distributed`` asks of torch for ``nccl`` (or nothing) on a CUDA machine: NCCL for CUDA
+#: tensors and gloo for CPU tensors in one process group, so that a job may reduce a CPU tensor (a loss
+#: read back to the host, a count) as well as its gradients.  An nccl-only group fails on the first CPU
+#: collective ("No backend type associated with device type cpu").
+GPU_BACKEND = "cpu:gloo,cuda:nccl"
+
+
+def process_group_backend(backend: Optional[str], cuda: bool) -> str:
+    """The backend string to give ``init_process_group`` for the caller's ``backend`` (pure).
+
+    ``None``: :data:`GPU_BACKEND` with CUDA, else ``gloo``.  ``"nccl"``: :data:`GPU_BACKEND` (CPU
+    collectives go to gloo).  Anything else (``"gloo"``, ``"mpi"``, a ``"device:backend,..."`` list) is
+    passed through.  A backend that is not a non-empty string is a SpecError."""
+    if backend is None:
+        return GPU_BACKEND if cuda else "gloo"
+    if not isinstance(backend, str) or not backend.strip():
+        raise SpecError(f"torch.distributed backend must be a name like 'gloo', 'nccl' or "
+                        f"'cpu:gloo,cuda:nccl', got {backend!r}")
+    backend = backend.strip().lower()
+    return GPU_BACKEND if backend == "nccl" else backend
+
+
+def _backend_names(backend: str) -> list:
+    """The plain backend names in ``backend`` (``"cpu:gloo,cuda:nccl"`` -> ``["gloo", "nccl"]``)."""
+    return [part.split(":", 1)[-1].strip() for part in backend.split(",")]
+
+
+def _uses_nccl(backend: str) -> bool:
+    return "nccl" in _backend_names(backend)
 
 
 def init_distributed(backend: Optional[str] = None, timeout_s: float = 1800.0) -> Topology:
     """Initialise ``torch.distributed`` from the launcher's variables (torchrun, MPI, SLURM;
     :func:`solar.topology.detect`): rank 0 listens at ``MASTER_ADDR:MASTER_PORT`` when set, else
-    at the first host of SLURM's node list (or localhost).  ``backend``: default ``nccl`` with
-    CUDA (each rank then uses GPU ``local_rank``), else ``gloo``.  Returns the topology; a no-op
+    at the first host of SLURM's node list (or localhost).
+
+    ``backend``: default gloo without CUDA; with CUDA (and for ``"nccl"``) one group with NCCL for
+    CUDA tensors and gloo for CPU tensors (``cpu:gloo,cuda:nccl``), so CPU collectives keep working on a
+    GPU machine; each rank then uses GPU ``local_rank`` (modulo the GPUs it sees).  Other names and
+    ``"device:backend,..."`` lists are passed to torch as given.  Returns the topology; a no-op
     (returning it) when ``torch.distributed`` is already initialised."""
     if dist.is_initialized():
         return launcher()
-    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
-    if not isinstance(backend, str) or not dist.is_backend_available(backend):
-        raise SpecError(f"torch.distributed backend {backend!r} is not available in this torch build")
+    backend = process_group_backend(backend, torch.cuda.is_available())
+    missing = [b for b in _backend_names(backend) if not b or not dist.is_backend_available(b)]
+    if missing:
+        raise SpecError(f"torch.distributed backend {missing[0]!r} is not available in this torch build"
+                        + (f" (asked for {backend!r})" if backend != missing[0] else ""))
     t = detect()
-    if backend == "nccl":
+    if _uses_nccl(backend):
+        if not torch.cuda.is_available():
+            raise SpecError(f"torch.distributed backend {backend!r} needs CUDA, which this process does not see")
         torch.cuda.set_device(t.local_rank % torch.cuda.device_count())
     dist.init_process_group(backend, init_method=f"tcp://{t.master_addr}:{t.master_port}", rank=t.rank,
                             world_size=t.world_size, timeout=timedelta(seconds=timeout_s))
