@@ -37,6 +37,7 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampl
 from ..errors import SolarError
 from ..layout import load_layout
 from .cache import largest_left
+from .consume import epoch_utilisation
 
 START_METHODS = ("forkserver", "spawn")
 #: The baselines: per-sample h5py (``torch``, ``h5py-cache``), per-batch reads (``memmap``, ``batched``).
@@ -284,16 +285,26 @@ class BaselineFailed(SolarError):
     """A baseline's DataLoader workers died mid-run (raised on every rank at the same epoch)."""
 
 
-def _epoch(loader, order, step_time, n_verify, bar, time_limit: Optional[float] = None) -> dict:
+def _epoch(loader, order, step_time, n_verify, bar, time_limit: Optional[float] = None, consume=None) -> dict:
     """Run one epoch through ``loader`` (stopped after ``time_limit`` seconds if given):
-    ``dict(samples, bytes, seconds, stall, picked, partial)``."""
+    ``dict(samples, bytes, seconds, stall, picked, partial, sizes)``.
+
+    ``consume``: what each batch feeds (:class:`solar.bench.consume.Consumer`); on a CUDA device the batches
+    (pinned by the DataLoader) are copied there ahead of use on a side stream (:func:`solar.torch.to_device`),
+    the transfer solar's loader does too, and the timer stops when the device has run every step.
+    Without it, ``step_time`` seconds of sleep per step."""
     n = len(order)
     check = set(np.linspace(0, n - 1, n_verify).round().astype(int).tolist()) if n_verify and n else set()
     picked = []  # (sample id, {field: tensor}) at the checked positions
     samples = nbytes = 0
     stall = 0.0
+    sizes = []
+    cuda = consume is not None and consume.cfg.cuda
     t0 = time.perf_counter()
     it = iter(loader)  # persistent workers: sends this epoch's indices and starts prefetching
+    if cuda:
+        from ..torch.device import to_device
+        it = to_device(it, consume.device, depth=2)
     while True:
         t = time.perf_counter()
         batch = next(it, None)
@@ -305,16 +316,24 @@ def _epoch(loader, order, step_time, n_verify, bar, time_limit: Optional[float] 
             if pos in check:
                 picked.append((int(order[pos]), {k: v[pos - samples].clone() for k, v in batch.items()}))
         samples += rows
+        sizes.append(rows)
         nbytes += sum(v.nbytes for v in batch.values())
         if bar is not None:
             bar.update(1)
-        if step_time:
+        if consume is not None:
+            consume(batch)
+        elif step_time:
             time.sleep(step_time)
         if time_limit is not None and time.perf_counter() - t0 > time_limit:
-            return dict(samples=samples, bytes=nbytes, seconds=time.perf_counter() - t0, stall=stall,
-                        picked=picked, partial=samples < n)
-    return dict(samples=samples, bytes=nbytes, seconds=time.perf_counter() - t0, stall=stall, picked=picked,
-                partial=False)
+            break
+    if consume is not None:
+        consume.sync()
+    seconds = time.perf_counter() - t0
+    if cuda:
+        it.close()  # the staging generator, before the DataLoader's iterator goes
+    picked = [(i, {k: v.cpu() for k, v in f.items()}) for i, f in picked]
+    return dict(samples=samples, bytes=nbytes, seconds=seconds, stall=stall, picked=picked,
+                partial=samples < n, sizes=sizes)
 
 
 def _warm_up(loader, sampler, wrapped, n: int, start_method: str):
@@ -338,7 +357,7 @@ def run_baseline(spec_path: str, *, comm, local_batch: int, epochs: int, seed: i
                  step_time: float = 0.0, drop_cache: Optional[Callable[[], None]] = None, progress: bool = False,
                  verify: int = 0, start_method: str = "forkserver", kind: str = "torch",
                  memory_bytes: Optional[int] = None, worker_init_fn: Optional[Callable[[int], None]] = None,
-                 time_limit: Optional[float] = None) -> List[dict]:
+                 time_limit: Optional[float] = None, consume=None) -> List[dict]:
     """Time baseline loader ``kind`` (see :data:`BASELINES`) for ``epochs`` epochs on every rank of ``comm``.
 
     ``DistributedSampler(num_replicas=comm.size, rank=comm.rank, shuffle=True,
@@ -360,6 +379,11 @@ def run_baseline(spec_path: str, *, comm, local_batch: int, epochs: int, seed: i
     with persistent workers (every epoch without).  Each timed epoch does
     include creating the epoch's iterator and the prefetch ramp-up, as a
     training loop does.  ``num_workers=0`` reads in the calling process.
+
+    ``consume``: a :class:`solar.bench.consume.Consumer` each batch feeds instead of the sleep (a training step
+    on its device; with CUDA the DataLoader pins its batches, ``pin_memory=True``, and they are copied to the
+    device ahead of use); after each epoch's timer every rank runs the same steps on its resident batch
+    (the device-only time): ``au``, ``au_min``, ``gpu_wait_fraction``, ``device_only_s`` per epoch.
 
     ``verify`` > 0 compares that many delivered samples per epoch and rank
     (evenly spread over the epoch) against fresh h5py reads after the timed
@@ -393,7 +417,8 @@ def run_baseline(spec_path: str, *, comm, local_batch: int, epochs: int, seed: i
         kw.update(sampler=BatchSampler(wrapped, local_batch, drop_last=False), batch_size=None)
     else:
         kw.update(sampler=wrapped, batch_size=local_batch)
-    loader = DataLoader(dataset, num_workers=num_workers, pin_memory=False, **kw)
+    cuda = consume is not None and consume.cfg.cuda
+    loader = DataLoader(dataset, num_workers=num_workers, pin_memory=cuda, **kw)
     results = []
     try:
         if num_workers:
@@ -408,7 +433,7 @@ def run_baseline(spec_path: str, *, comm, local_batch: int, epochs: int, seed: i
                 from tqdm import tqdm
                 bar = tqdm(total=len(loader), desc=f"{kind} epoch {e}", unit="batch", leave=False)
             try:
-                r, died = _epoch(loader, order, step_time, verify, bar, time_limit), ""
+                r, died = _epoch(loader, order, step_time, verify, bar, time_limit, consume), ""
             except RuntimeError as exc:  # a worker killed (e.g. by a memory limit): every rank learns it below
                 if "exited unexpectedly" not in str(exc):
                     raise
@@ -419,6 +444,13 @@ def run_baseline(spec_path: str, *, comm, local_batch: int, epochs: int, seed: i
             if deaths:
                 raise BaselineFailed(f"{kind} failed in epoch {e}: {'; '.join(deaths)}")
             verified = _verify(layout, r["picked"]) if verify else 0
+            if consume is not None:
+                from ..mpi import sleep_barrier
+                sleep_barrier(comm)  # every rank at once, as in the epoch
+                device_only = consume.device_only(r["sizes"])
+            else:
+                device_only = len(r["sizes"]) * step_time if step_time else None
+            util = epoch_utilisation(comm.allgather((device_only, r["seconds"])))
             per_rank = comm.allgather((r["seconds"], r["stall"], r["samples"], r["bytes"], left, r["partial"]))
             seconds = max(x[0] for x in per_rank)
             total = sum(x[2] for x in per_rank)
@@ -427,7 +459,7 @@ def run_baseline(spec_path: str, *, comm, local_batch: int, epochs: int, seed: i
                                 stall_s=r["stall"], stall_max_s=max(x[1] for x in per_rank),
                                 bytes_delivered=r["bytes"], global_bytes=sum(x[3] for x in per_rank),
                                 verified=verified, page_cache_left=largest_left(x[4] for x in per_rank),
-                                partial=any(x[5] for x in per_rank)))
+                                partial=any(x[5] for x in per_rank), **util))
     finally:
         del loader  # shuts persistent workers down
         dataset.close()

@@ -30,7 +30,7 @@ def rss_bytes() -> int:
 def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float = 0.0, drop_cache=None,
               reader: Optional[str] = None, threads: int = 16, prefetch: int = DEFAULT_PREFETCH, progress: bool = False,
               abort_on_error: bool = True, reader_options: Optional[dict] = None,
-              probe: Optional[Callable[[], float]] = None, replay: bool = True) -> dict:
+              probe: Optional[Callable[[], float]] = None, replay: bool = True, consume=None) -> dict:
     """Time SolarLoader epoch by epoch, measured as the baseline is (drop, barrier, timed loop).
 
     ``abort_on_error``: passed to SolarLoader (an error on one rank aborts the job).  ``probe``: called by
@@ -38,14 +38,21 @@ def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float
     as the epoch's ``disk_random_read_gbps_after``.  ``replay``: where the reader records its reads
     (``pread``), every rank replays the start of its epoch's reads bare after the epoch (outside the timer,
     all ranks at once, as many in flight as the reader's threads: :func:`solar.bench.disk.replay_reads`);
-    the aggregate rate is the epoch's ``replay_gbps``, the disk's speed for exactly this access pattern."""
+    the aggregate rate is the epoch's ``replay_gbps``, the disk's speed for exactly this access pattern.
+    ``consume``: a :class:`solar.bench.consume.Consumer` that each batch feeds (a training step, on its device:
+    the loader then copies batches there ahead of use, ``device=``); the epoch's timer stops when the device
+    has run every step, and the device-only time of the same steps is measured right after it (``au``,
+    ``gpu_wait_fraction``).  Without it, ``step_time`` seconds of sleep per step."""
     from ..loader import SolarLoader
     from ..mpi import sleep_barrier
     from .cache import largest_left
     from .baseline import _verify
+    from .consume import epoch_utilisation
     rss0 = rss_bytes()
+    cuda = consume is not None and consume.cfg.cuda
     loader = SolarLoader(schedule_path, layout, comm=comm, reader=reader, threads=threads, prefetch=prefetch,
-                         as_torch=True, epoch_fence=True, abort_on_error=abort_on_error, reader_options=reader_options)
+                         as_torch=True, epoch_fence=True, abort_on_error=abort_on_error, reader_options=reader_options,
+                         pin_memory=cuda, device=consume.device if cuda else None)
     out = {"reader": loader.reader_name, "reader_options": dict(reader_options or {}), "epochs": []}
     nodes = loader.nodes is not None  # a node plan: transfers between nodes are counted too
     tracer = loader.reader if replay and hasattr(loader.reader, "trace") else None
@@ -69,20 +76,34 @@ def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float
             picked = []  # (sample id, {field: tensor}): the first sample of each checked step, checked after
             if tracer is not None:
                 tracer.trace = []  # the epoch's reads (the fence: none of them was issued before its timer)
+            sizes = []  # local batch size of each step (the device-only steps repeat them)
             t0 = time.perf_counter()
             samples = 0
             for i, batch in enumerate(loader):
-                samples += int(batch["index"].shape[0])
-                if i in check and len(batch["index"]):
+                n = int(batch["index"].shape[0])
+                samples += n
+                sizes.append(n)
+                if i in check and n:
                     picked.append((int(batch["index"][0]), {k: v[0].clone() for k, v in batch.items()
                                                             if k not in ("index", "weight")}))
-                if step_time:
+                if consume is not None:
+                    consume(batch)
+                elif step_time:
                     time.sleep(step_time)
                 if bar is not None:
                     bar.update()
+            if consume is not None:
+                consume.sync()  # the epoch ends when the device has run its last step
             secs = time.perf_counter() - t0 + (startup if e == 0 else 0.0)
             if bar is not None:
                 bar.close()
+            picked = [(i, {k: v.cpu() for k, v in f.items()}) for i, f in picked]
+            if consume is not None:
+                sleep_barrier(comm)  # every rank at once, as in the epoch
+                device_only = consume.device_only(sizes)
+            else:
+                device_only = len(sizes) * step_time if step_time else None
+            util = epoch_utilisation(comm.allgather((device_only, secs)))
             peak_rss = max(peak_rss, rss_bytes())
             verified = _verify(layout, picked, who="solar")  # after the timer; a difference ends the job
             planned = predicted["storage_bytes"][e]  # stored bytes of the blocks the plan loads in epoch e
@@ -107,7 +128,7 @@ def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float
                 file_evictions=sum(x[11] for x in per_rank), verified=sum(x[12] for x in per_rank),
                 block_storage_bytes=sum(x[16] for x in per_rank), predicted_storage_bytes=int(planned),
                 storage_vs_plan=read / planned if planned else None,
-                blocks_vs_plan=sum(x[16] for x in per_rank) / planned if planned else None))
+                blocks_vs_plan=sum(x[16] for x in per_rank) / planned if planned else None, **util))
             if tracer is not None:
                 out["epochs"][-1].update(_replay(tracer, layout, comm, threads))
             if probe is not None:
@@ -259,7 +280,7 @@ def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fra
           memory_allowance: Optional[int] = None, disk_depth: int = 16, progress: bool = False,
           abort_on_error: bool = True, baseline_time_limit: Optional[float] = BASELINE_TIME_LIMIT,
           ranks_per_node: Optional[int] = None, policy: Optional[str] = None, peer_cost=None,
-          reader_options: Optional[dict] = None) -> dict:
+          reader_options: Optional[dict] = None, device: str = "cpu", model: str = "none", amp: str = "auto") -> dict:
     """Run the comparison; returns the report (the same on every rank).
 
     ``loaders``: ``"solar"`` and/or ``"baseline"`` (every baseline in ``baselines``,
@@ -277,6 +298,11 @@ def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fra
     bytes moved next to the plan's.  Every solar epoch checks :data:`VERIFY` delivered samples per rank
     against h5py after its timer, and reports its storage bytes against the plan's
     (``storage_vs_plan``).
+    ``device``/``model``/``amp``: what each loader's batches feed (:mod:`solar.bench.consume`): ``model="conv"``
+    a training step of a small conv net on ``device`` (``cpu`` or ``cuda``; each rank uses GPU local rank mod
+    GPUs), ``"none"`` a copy to the device (or ``step_time`` seconds of sleep).  Every epoch of every loader
+    then reports ``au`` (device-only time of the same steps on one resident batch / wall time),
+    ``au_min`` and ``gpu_wait_fraction`` (1 - au).
     """
     from ..errors import SolarError
     from ..layout import load_layout
@@ -284,7 +310,10 @@ def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fra
     from ..schedule import plan
     from .baseline import BASELINES
     from .cache import make_cache_dropper
+    from .consume import StepConfig, require_device
     from .memlimit import ALLOWANCE_BYTES
+    step = StepConfig(device=device, model=model, step_time=step_time, amp=amp)  # checked before any work
+    require_device(step)
     baselines = tuple(BASELINES if baselines is None else baselines)
     for b in baselines:
         if b not in BASELINES:
@@ -316,14 +345,18 @@ def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fra
     drop, how = make_cache_dropper(paths, cache_mode if cold else "none", comm=comm)
     report = {"spec": spec, "world_size": P, "local_batch": local_batch, "epochs": epochs, "seed": seed,
               "step_time_s": step_time, "cache": how, "dataset_file_bytes": sum(os.path.getsize(p) for p in paths),
-              "n_samples": layout.n_samples, "plan_s": plan_s, "schedule": schedule}
+              "n_samples": layout.n_samples, "plan_s": plan_s, "schedule": schedule, "model": model}
     # 2. the physical limit, cold (rank 0 alone, the others sleep)
     report["disk"] = root_call(comm, lambda: measure_disk(layout, disk_depth))
     report["decode"] = root_call(comm, lambda: measure_decode(layout))  # None: nothing to decode
     # 3. the memory: unlimited, or one cgroup per node
     node = _node_comm(comm)
     cg = back = None
+    consume = None
     try:
+        if device != "cpu" or model != "none":
+            consume = _consumer(step, spec, layout, local_batch, node.rank)
+            report["device"] = consume.describe()
         from ..buffer.sizing import schedule_memory, schedule_node_memory
         with Schedule.load(schedule) as sch:  # the memory solar may use per rank: what the baselines get too
             if sch.nodes is None:
@@ -344,7 +377,8 @@ def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fra
                      local_batch=local_batch, seed=seed, step_time=step_time, drop=drop, reader=reader,
                      threads=threads, prefetch=prefetch, num_workers=num_workers, progress=progress,
                      abort_on_error=abort_on_error, loaders=loaders, baselines=baselines, budget=budget,
-                     time_limit=baseline_time_limit, reader_options=reader_options, disk_depth=disk_depth)
+                     time_limit=baseline_time_limit, reader_options=reader_options, disk_depth=disk_depth,
+                     consume=consume)
     finally:
         if cg is not None:
             _leave_cgroup(cg, back, node)
@@ -357,9 +391,27 @@ def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fra
     return report
 
 
+def _consumer(step, spec, layout, local_batch: int, local_rank: int):
+    """The :class:`~solar.bench.consume.Consumer` of this rank, its resident batch the dataset's first
+    ``local_batch`` samples (read through h5py)."""
+    import torch
+
+    from .baseline import H5Samples
+    from .consume import Consumer, input_field
+    resident = {}
+    if step.trains:
+        field = input_field(layout)
+        ds = H5Samples(spec, layout)
+        try:
+            resident[field] = torch.stack([ds[i][field] for i in range(min(local_batch, layout.n_samples))])
+        finally:
+            ds.close()
+    return Consumer(step, layout, resident, local_rank=local_rank)
+
+
 def _run_loaders(report, spec, layout, schedule, *, comm, node, cg, epochs, local_batch, seed, step_time, drop,
                  reader, threads, prefetch, num_workers, progress, abort_on_error, loaders, baselines, budget,
-                 time_limit=None, reader_options=None, disk_depth=16):
+                 time_limit=None, reader_options=None, disk_depth=16, consume=None):
     """Run solar and each baseline in turn, filling ``report["solar"]``, ``["baselines"]``, ``["baseline"]``."""
     import functools
 
@@ -371,7 +423,8 @@ def _run_loaders(report, spec, layout, schedule, *, comm, node, cg, epochs, loca
         report["solar"] = run_solar(schedule, layout, comm=comm, epochs=epochs, step_time=step_time,
                                     drop_cache=drop, reader=reader, threads=threads, prefetch=prefetch,
                                     progress=progress, abort_on_error=abort_on_error, reader_options=reader_options,
-                                    probe=lambda: root_call(comm, lambda: measure_random(layout, disk_depth)))
+                                    probe=lambda: root_call(comm, lambda: measure_random(layout, disk_depth)),
+                                    consume=consume)
         report["solar"]["memory_peak_bytes"] = _peak(cg, node, comm)
     if "baseline" not in loaders:
         return
@@ -387,13 +440,14 @@ def _run_loaders(report, spec, layout, schedule, *, comm, node, cg, epochs, loca
             eps = run_baseline(spec, comm=comm, local_batch=local_batch, epochs=epochs, seed=seed,
                                num_workers=num_workers, step_time=step_time, drop_cache=drop, progress=progress,
                                kind=kind, memory_bytes=budget, worker_init_fn=init, verify=VERIFY,
-                               time_limit=time_limit)
+                               time_limit=time_limit, consume=consume)
         except BaselineFailed as exc:  # e.g. its workers outgrew the --equal-memory limit: say so, go on
             report["baselines"][kind] = {"failed": str(exc) + (" (killed under the memory limit?)" if cg else ""),
                                          "memory_peak_bytes": _peak(cg, node, comm)}
             continue
         report["baselines"][kind] = {"num_workers": num_workers, "epochs": eps,
                                      "samples_per_s": [e["samples_per_s"] for e in eps],
+                                     "au": [e["au"] for e in eps],
                                      "memory_peak_bytes": _peak(cg, node, comm)}
         if kind == "h5py-cache":
             report["baselines"][kind]["chunk_cache_bytes_per_rank"] = budget
@@ -415,6 +469,11 @@ def _ratios(report: dict):
         for e, best in enumerate(report["best_baseline"]):
             b = ran[best][e]["samples_per_s"]
             report["speedup_vs_best"].append(report["solar"]["epochs"][e]["samples_per_s"] / b if b else None)
+    aus = {k: [ep.get("au") for ep in eps] for k, eps in
+           ([("solar", report["solar"]["epochs"])] if "solar" in report else []) + list(ran.items())}
+    if any(a is not None for v in aus.values() for a in v):
+        report["au"] = aus  # per loader and epoch: device-only time / wall time
+        report["gpu_wait_fraction"] = {k: [None if a is None else 1.0 - a for a in v] for k, v in aus.items()}
     if "solar" not in report:
         return
     after = report.get("disk_after") or report["disk"]
@@ -455,9 +514,19 @@ def format_report(r: dict) -> str:
     from ..layout.summary import human_bytes
     d = r["disk"]
     a = r.get("disk_after") or d
+    dev = r.get("device")
+    if dev and dev.get("model") == "conv":
+        step = (f"training step: conv net ({dev['parameters']:,} parameters, {dev['amp']}, "
+                f"{'channels_last' if dev['channels_last'] else 'contiguous'}) on {dev['device']}"
+                + (f" ({dev['device_name']})" if dev.get("device_name") else "")
+                + f", input field {dev['field']} as {'x'.join(map(str, dev['image']))}")
+    elif dev:
+        step = f"training step: none (batches copied to {dev['device']}" + \
+            (f" ({dev['device_name']})" if dev.get("device_name") else "") + ")"
+    else:
+        step = f"step time {r['step_time_s']} s"
     lines = [f"solar bench {r['spec']}: {r['n_samples']:,} samples, {human_bytes(r['dataset_file_bytes'])} on disk; "
-             f"{r['world_size']} ranks x local batch {r['local_batch']}, {r['epochs']} epochs, step time "
-             f"{r['step_time_s']} s",
+             f"{r['world_size']} ranks x local batch {r['local_batch']}, {r['epochs']} epochs, {step}",
              f"page cache before each epoch: {r['cache']}",
              f"memory: {r['memory_method']}",
              f"disk cold random read: {d['random_read_gbps']:.2f} GB/s before the loaders, "
@@ -539,6 +608,14 @@ def format_report(r: dict) -> str:
             lines.append("solar bytes sent between nodes per epoch (as run / planned): "
                          + ", ".join(f"{human_bytes(ep['peer_bytes_sent'])} / {human_bytes(ep['predicted_peer_bytes'])}"
                                      for ep in eps))
+    if r.get("au"):
+        names = list(r["au"])
+        lines.append("au = device-only time of the same steps on one batch already on the device / wall time "
+                     "(mean over ranks); the device waits for the loader 1 - au of the time")
+        lines.append("epoch  " + "".join(f"{k:>13}" for k in names))
+        for e in range(n):
+            lines.append(f"{e:5d}  " + "".join(f"{r['au'][k][e]:13.3f}" if r["au"][k][e] is not None else f"{'-':>13}"
+                                                for k in names))
     if any(ep.get("partial") for k in ran for ep in r["baselines"][k]["epochs"]):
         lines.append("* stopped after the baseline time limit: rate over the samples delivered until then")
     return "\n".join(lines)
