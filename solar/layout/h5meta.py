@@ -124,8 +124,15 @@ def _filters(plist, where: str):
     return tuple(filters), raw, fallback
 
 
-def _fillvalue(obj, where: str):
-    """The dataset's fill value as a Python scalar (what HDF5 returns for unwritten data)."""
+UNDEFINED_FILL = "its fill value is undefined and parts of it were never written: HDF5 decides what they read " \
+                 "as (h5py reader)"
+
+
+def _fillvalue(obj, plist, where: str):
+    """The dataset's fill value as a Python scalar (what HDF5 returns for unwritten data); None when the file
+    leaves it undefined (``H5Pset_fill_value(..., NULL)``, as older PyTables wrote): h5py cannot read it."""
+    if plist.fill_value_defined() == h5py.h5d.FILL_VALUE_UNDEFINED:
+        return None
     fill = obj.fillvalue
     try:
         return fill.item() if hasattr(fill, "item") else fill
@@ -288,16 +295,22 @@ def _read_info(h5file: h5py.File, file_idx: int, path: str, where: str, obj, fil
     if not _plain_type(dsid.get_type(), dt):
         raw, fallback = False, (f"its stored type is not plain {dt} (custom precision, bit offset or float "
                                 f"fields): HDF5 converts it on read (h5py reader)")
-    fill = _fillvalue(obj, where)
+    fill = _fillvalue(obj, plist, where)
+    undefined_fill = fill is None  # harmless where every byte was written; else HDF5 must read it
+    fill = 0 if undefined_fill else fill
     stored = int(dsid.get_storage_size())
     if obj.chunks is None:
         offset, c_raw, c_fallback = _contiguous(dsid, plist, h5file.filename, where, nbytes, file_size)
         raw, fallback = (raw and c_raw), (fallback or c_fallback)
+        if undefined_fill and raw and offset is None:
+            raw, fallback = False, UNDEFINED_FILL
         return DatasetInfo(file_idx, path, shape, dt.str, None, filters, offset, stored, fill, raw, fallback), None
     chunks = tuple(int(c) for c in obj.chunks)
     if int(np.prod(chunks, dtype=object)) * dt.itemsize > MAX_CHUNK_BYTES:
         raise LayoutError(f"{where} declares chunks {chunks} of more than 4 GiB, beyond HDF5's limit (damaged header)")
     table = _chunk_table(dsid, shape, chunks, file_size, where)
+    if undefined_fill and raw and (table["offset"] < 0).any():
+        raw, fallback = False, UNDEFINED_FILL
     if filters and raw:
         edges = _unfiltered_edges(plist, shape, chunks, len(filters), table)
         if edges:
