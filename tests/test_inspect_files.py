@@ -7,14 +7,18 @@ import ctypes
 import json
 import os
 import shutil
+import tempfile
 
 import h5py
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from solar.cli import main
-from solar.io import READERS, assemble_sample, get_reader
+from solar.errors import LayoutError
+from solar.io import READERS, assemble_sample, get_reader, read_sample
 from solar.layout import LayoutSpec, load_layout
+from solar.layout.describe import chosen_spec, describe_file
 from solar.layout.h5capi import _hdf5
 
 from helpers import assert_same_sample, h5py_sample
@@ -205,6 +209,7 @@ def test_nexus_master_with_external_data_files(tmp_path, capsys):
     assert tree["/entry/data/data_000001"]["target"] == "scan_data_000001.h5:/entry/data/data"
     assert tree["/entry/data/data_000001"]["filters"] == ["shuffle", "gzip"]
     assert tree["/entry/data/data_000002"] == {"path": "/entry/data/data_000002", "kind": "link",
+                                               "problem": "cannot be opened (missing file or target)",
                                                "target": "scan_data_000002.h5:/entry/data/data"}
     assert tree["/entry/data/frame_time"]["kind"] == "link"  # a soft link: counted once, under its target
     assert len(layout.files) == 2  # the master, and the data file that holds the frames' bytes
@@ -272,3 +277,57 @@ def test_undefined_fill_value(tmp_path, capsys):
         assert _delivered_equals_h5py(layout) == (["pread", "h5py"] if raw else ["h5py"])
     d = _inspect(capsys, tmp_path / "u.h5")
     assert d["guess"]["fields"] == ["full", "part"] and d["samples"] == 8
+
+
+def test_tree_walk_cycles_limit_and_old_nexus_signal(tmp_path):
+    """A group hard-linked into its own child is walked once; the walk stops at its limit; a dataset marked
+    signal=1 (NeXus before 2014) is a signal."""
+    from solar.layout.tree import read_tree
+    with h5py.File(tmp_path / "c.h5", "w") as f:
+        f.create_dataset("a/frames", data=np.zeros((3, 2)))
+        f["a/frames"].attrs["signal"] = 1
+        f["a/b/up"] = f["a"]  # a cycle: /a/b/up is /a
+        f["a/b/root"] = f["/"]
+    with h5py.File(tmp_path / "c.h5", "r") as f:
+        tree = read_tree(f)
+        cut = read_tree(f, limit=2)
+    nodes = {n.path: n for n in tree.nodes}
+    assert tree.complete and set(nodes) == {"/a", "/a/b", "/a/frames", "/a/b/up", "/a/b/root"}
+    assert (nodes["/a/b/up"].kind, nodes["/a/b/up"].target) == ("link", "/a")
+    assert (nodes["/a/b/root"].kind, nodes["/a/b/root"].target) == ("link", "/")
+    assert nodes["/a/frames"].signal
+    assert not cut.complete and len(cut.nodes) == 2
+
+
+SHAPES = st.lists(st.sampled_from((0, 1, 2, 3, 5)), max_size=3).map(tuple)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(("", "entry", "entry/data", "Scan 1/Header", "g/h/i")), SHAPES,
+                          st.sampled_from(("u1", "<f4", ">i8", "S3")), st.booleans()), max_size=7))
+def test_random_files_are_described_and_their_guess_loads(items):
+    """Any mix of groups, shapes, dtypes and storage: a guess whose spec builds the layout the description
+    summarised (same samples and fields, bytes equal to h5py's), or the one line for a file with no array."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "r.h5")
+        with h5py.File(path, "w") as f:
+            for i, (group, shape, dtype, chunked) in enumerate(items):
+                data = np.arange(int(np.prod(shape)), dtype="i8").reshape(shape).astype(dtype)
+                chunks = tuple(max(1, s // 2) for s in shape) if chunked and shape and all(shape) else None
+                f.create_dataset(f"{group}/d{i}".lstrip("/"), data=data, chunks=chunks)
+        arrays = any(dt != "S3" and len(sh) >= 1 and int(np.prod(sh)) >= 2 for _, sh, dt, _ in items)
+        if not arrays:
+            with pytest.raises(LayoutError, match="holds no array solar can load"):
+                describe_file(path)
+            return
+        d = describe_file(path)
+        assert "layout_error" not in d
+        spec = chosen_spec(d, tmp)
+        layout = load_layout(spec.save(os.path.join(tmp, "s.json")))
+        assert layout.n_samples == d["samples"] == (d["guess"]["samples"] or layout.n_samples)
+        assert list(layout.field_names) == list(d["fields"])
+        for s in {0, layout.n_samples - 1}:
+            with open(path, "rb") as fh:
+                got = read_sample(layout, s, {0: fh.fileno()})
+            assert_same_sample({k: v.astype(v.dtype.newbyteorder("=")) for k, v in got.items()},
+                               {k: v.astype(v.dtype.newbyteorder("=")) for k, v in h5py_sample(layout, s).items()})

@@ -184,8 +184,8 @@ def _count(n: int, word: str) -> str:
 
 
 def _choice_line(c: dict) -> str:
-    n = "?" if c["samples"] is None else f"{c['samples']:,}"
-    return f"{c['why']}: {n} samples"
+    n = "? samples" if c["samples"] is None else f"{c['samples']:,} sample{'' if c['samples'] == 1 else 's'}"
+    return f"{c['why']}: {n}"
 
 
 def format_description(d: dict) -> str:

@@ -89,6 +89,8 @@ class Node:
                      chunks=None if self.chunks is None else list(self.chunks), filters=list(self.filters),
                      nbytes=self.nbytes, stored_nbytes=self.stored_nbytes, field=not why_not_field(self),
                      why_not_field=why_not_field(self) or None)
+        elif self.problem:
+            d["problem"] = self.problem
         for k in ("note", "nx_class", "target"):
             if getattr(self, k):
                 d[k] = getattr(self, k)
@@ -156,7 +158,7 @@ def _ordered(members: Iterable[Node], signals: set) -> List[Node]:
 
 def _describe_set(members: Sequence[Node], signals: set, meta: bool) -> str:
     n = members[0].shape[0]
-    what = (f"row i of the {len(members)} datasets with {n} rows" if len(members) > 1
+    what = (f"row i of the {len(members)} datasets with {_rows(n)}" if len(members) > 1
             else f"row i of {members[0].path}")
     notes = []
     if any(m.path in signals for m in members):
@@ -164,6 +166,10 @@ def _describe_set(members: Sequence[Node], signals: set, meta: bool) -> str:
     if meta:
         notes.append("under header/metadata")
     return what + (f" ({'; '.join(notes)})" if notes else "")
+
+
+def _rows(n: int) -> str:
+    return f"{n} row" if n == 1 else f"{n} rows"
 
 
 def _top(path: str) -> str:
@@ -180,7 +186,7 @@ def _narrower(members: Sequence[Node], signals: set) -> List[SampleGuess]:
     same = [m for m in members if _top(m.path) == _top(main.path)]
     if 1 < len(same) < len(members):
         out.append(SampleGuess(tuple(m.field_name for m in same), n,
-                               f"row i of the {len(same)} datasets with {n} rows under /{_top(main.path)} only",
+                               f"row i of the {len(same)} datasets with {_rows(n)} under /{_top(main.path)} only",
                                nbytes=sum(m.nbytes for m in same)))
     return out
 
