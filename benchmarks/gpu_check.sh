@@ -1,0 +1,198 @@
+#!/usr/bin/env bash
+# One prepared check of solar on a GPU machine with no network, in about 5 minutes on 16 cores.
+#
+#   benchmarks/gpu_check.sh OUTDIR [SECTION ...]      (sections: basics; default all)
+#
+# It generates the data, trains the examples on CUDA, runs `solar bench --device cuda` cold, and writes
+# into OUTDIR (what comes back from such a machine: 8 files at most, so few and named):
+#   summary.md    the short table (also printed at the end), the GPU and the commands
+#   summary.json  every figure of the summary
+#   bench-*.json  `solar bench --json` reports
+#   check.log     every step's command, output, exit status and seconds
+#   train.jsonl   the examples' --log-json records, each tagged with its run
+# Sections (one per issue that measures on a GPU; each appends to the files above):
+#   basics   issue 23: the examples on CUDA (both loaders, bf16), the loop fed an all-resident plan against
+#            the same loop fed one resident batch, fp32 deterministic fidelity of the two loaders, the
+#            Lightning and Accelerate variants, `solar bench --device cuda --model conv` cold
+#
+# What the machine needs: python3 with torch (CUDA), h5py, numba, numpy, mpi4py; the checkout (PYTHONPATH is
+# set here).  MPICH comes as a wheel in .whl/ (GPU machines have mpi4py but no MPI library); make it here with
+#   benchmarks/gpu_wheels.sh
+# and carry .whl along.  Without mpiexec the bench steps are skipped (said in the summary).
+# Environment: SOLAR_GPU_SAMPLES (default 4096), SOLAR_GPU_SIZE (128), SOLAR_GPU_BATCH (128),
+# SOLAR_GPU_WORKERS (8: the baseline's DataLoader workers), SOLAR_GPU_BUDGET (290 seconds for all steps),
+# SOLAR_GPU_DEVICE (cuda; cpu runs the same steps on the CPU: a dry run of this script on a machine without
+# a GPU, with small SOLAR_GPU_* sizes), SOLAR_GPU_WORK (scratch folder for data; default a new /tmp folder).
+set -uo pipefail
+OUT=${1:?usage: benchmarks/gpu_check.sh OUTDIR [SECTION ...]}
+shift
+SECTIONS=${*:-basics}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+PY=${PYTHON:-python3}
+N=${SOLAR_GPU_SAMPLES:-4096}
+SIZE=${SOLAR_GPU_SIZE:-128}
+B=${SOLAR_GPU_BATCH:-128}
+WORKERS=${SOLAR_GPU_WORKERS:-8}
+BUDGET=${SOLAR_GPU_BUDGET:-290}
+DEVICE=${SOLAR_GPU_DEVICE:-cuda}
+WORK=${SOLAR_GPU_WORK:-$(mktemp -d /tmp/solar-gpu.XXXXXX)}
+mkdir -p "$OUT" "$WORK"
+OUT=$(cd "$OUT" && pwd)
+export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH} NUMBA_CACHE_DIR=$WORK/numba HDF5_USE_FILE_LOCKING=FALSE
+export PYTHONUNBUFFERED=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=${MASTER_PORT:-29561}
+LOG=$OUT/check.log
+STEPS=$WORK/steps.tsv
+START=$(date +%s)
+: >"$LOG"
+: >"$STEPS"
+: >"$OUT/train.jsonl"
+cd "$ROOT" || exit 2
+
+say() { echo "[gpu_check $(( $(date +%s) - START ))s] $*" | tee -a "$LOG" >&2; }
+
+# run NAME LIMIT CMD...: the command under `timeout` (its limit, at most what is left of the budget), its
+# output into check.log (stdout into $STDOUT instead where that is set); one line per step in steps.tsv
+# (name, status, seconds)
+run() {
+    local name=$1 limit=$2 stdout=${STDOUT:-$LOG}
+    shift 2
+    local left=$(( BUDGET - ($(date +%s) - START) ))
+    if (( left < 10 )); then
+        say "skip $name: the ${BUDGET}s budget is spent"
+        printf '%s\tskipped\t0\n' "$name" >>"$STEPS"
+        return 1
+    fi
+    (( limit > left )) && limit=$left
+    say "run $name (limit ${limit}s): $*"
+    local t0 rc
+    t0=$(date +%s.%N)
+    timeout --kill-after=10 "$limit" "$@" 2>>"$LOG" >>"$stdout"
+    rc=$?
+    local secs
+    secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+    say "$name: exit $rc in ${secs}s"
+    printf '%s\t%s\t%s\n' "$name" "$rc" "$secs" >>"$STEPS"
+    return $rc
+}
+
+# drop the data files' pages from the page cache (posix_fadvise DONTNEED): the data is read cold, the libraries
+# are not (dropping the whole cache would time torch and CUDA's libraries paging back in, in the first steps)
+drop_cache() {
+    sync
+    "$PY" -c "import os,sys
+for p in sys.argv[1:]:
+    fd = os.open(p, os.O_RDONLY); os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED); os.close(fd)" "$@"
+}
+
+# the examples' --log-json records, tagged with the run, into train.jsonl
+keep_log() {
+    local tag=$1 path=$2
+    [ -f "$path" ] && "$PY" -c "import json,sys
+for line in open(sys.argv[1]):
+    rec = json.loads(line)
+    if 'index' in rec:
+        continue   # per-step sample ids: not needed here, and large
+    rec['run'] = sys.argv[2]
+    print(json.dumps(rec))" "$path" "$tag" >>"$OUT/train.jsonl"
+}
+
+# ------------------------------------------------------------------ the machine
+say "solar gpu check: sections [$SECTIONS], $N samples of ${SIZE}x${SIZE}, local batch $B, device $DEVICE"
+{
+    echo "== machine"
+    uname -a
+    nproc
+    free -g | head -2
+    command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+    "$PY" -c "import sys, torch, h5py, numpy, numba; print('python', sys.version.split()[0], 'torch', torch.__version__,
+'cuda', torch.version.cuda, 'h5py', h5py.__version__, 'numpy', numpy.__version__, 'numba', numba.__version__)"
+} >>"$LOG" 2>&1
+GPU=$("$PY" -c "import torch; print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'none')" 2>/dev/null)
+say "GPU: ${GPU:-none}"
+if [ "$DEVICE" = cuda ] && [ "$GPU" = none ]; then
+    say "no CUDA device here: run with SOLAR_GPU_DEVICE=cpu for a dry run"
+    exit 2
+fi
+CPU_FLAG=()
+[ "$DEVICE" = cpu ] && CPU_FLAG=(--cpu)
+
+# MPICH from the carried wheel (pip --target would drop its lib/): unpacked, on PATH and LD_LIBRARY_PATH
+if ! command -v mpiexec >/dev/null; then
+    for whl in "$ROOT"/.whl/mpich-*.whl; do
+        [ -f "$whl" ] || continue
+        "$PY" -m zipfile -e "$whl" "$WORK/mpich" && chmod +x "$WORK"/mpich/*/data/bin/* 2>/dev/null
+        for d in "$WORK"/mpich/*/data; do
+            export PATH=$d/bin:$PATH LD_LIBRARY_PATH=$d/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+        done
+    done
+fi
+# other carried wheels (deflate, numcodecs, mpi4py for this Python): installed into the scratch folder
+if ls "$ROOT"/.whl/*.whl 2>/dev/null | grep -qv '/mpich-'; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$WORK/site" \
+        $(ls "$ROOT"/.whl/*.whl | grep -v '/mpich-') >>"$LOG" 2>&1 && export PYTHONPATH=$PYTHONPATH:$WORK/site
+fi
+MPIEXEC=$(command -v mpiexec || true)
+if [ -n "$MPIEXEC" ] && "$PY" -c "from mpi4py import MPI" >>"$LOG" 2>&1; then
+    say "MPI: $MPIEXEC"
+else
+    MPIEXEC=""
+    say "no MPI (no mpiexec or mpi4py cannot load it): the bench steps are skipped"
+fi
+SOLAR=("$PY" -m solar)
+
+# ------------------------------------------------------------------ data
+D=$WORK/ptycho
+V=$WORK/ptycho-valid
+run gen 120 "${SOLAR[@]}" gen ptychonn "$D" --samples "$N" --size "$SIZE" --overwrite --no-progress
+run gen-valid 30 "${SOLAR[@]}" gen ptychonn "$V" --samples 256 --size "$SIZE" --seed 1 --overwrite --no-progress
+
+TRAIN=(examples/train_ptychonn.py "$D" --stats-samples 512 --valid "$V" --valid-samples 256 "${CPU_FLAG[@]}")
+
+# ------------------------------------------------------------------ issue 23: basics
+basics() {
+    # 1. the examples on the device, both loaders, the way GPU users run them (bf16, channels_last), 2 epochs
+    drop_cache "$D"/*.h5
+    run train-solar 90 "$PY" "${TRAIN[@]}" --loader solar --epochs 2 --local-batch "$B" \
+        --plan "$WORK/plan-b$B.h5" --replan --log-json "$WORK/train-solar.jsonl"
+    keep_log train-solar "$WORK/train-solar.jsonl"
+    drop_cache "$D"/*.h5
+    run train-baseline 60 "$PY" "${TRAIN[@]}" --loader baseline --workers "$WORKERS" --epochs 2 \
+        --local-batch "$B" --log-json "$WORK/train-baseline.jsonl"
+    keep_log train-baseline "$WORK/train-baseline.jsonl"
+    # 2. the loop fed an all-resident plan (epochs >= 1 from memory) against the same loop fed one resident batch
+    run train-all-resident 60 "$PY" "${TRAIN[@]}" --loader solar --epochs 3 --local-batch "$B" --amp bf16 \
+        --buffer-fraction 1.0 --plan "$WORK/plan-all-b$B.h5" --replan --log-json "$WORK/train-all-resident.jsonl"
+    keep_log train-all-resident "$WORK/train-all-resident.jsonl"
+    run train-resident-batch 45 "$PY" "${TRAIN[@]}" --loader resident --epochs 3 --local-batch "$B" --amp bf16 \
+        --log-json "$WORK/train-resident-batch.jsonl"
+    keep_log train-resident-batch "$WORK/train-resident-batch.jsonl"
+    # 3. solar bench on the device, cold, solar and every baseline feeding the conv step
+    if [ -n "$MPIEXEC" ]; then
+        STDOUT=$OUT/bench-conv.json run bench-conv 150 "$MPIEXEC" -n 1 "${SOLAR[@]}" bench "$D" -b "$B" --epochs 3 \
+            --device "$DEVICE" --model conv --num-workers "$WORKERS" --cold \
+            --baseline-time-limit 20 --schedule "$WORK/bench-plan.h5" --json
+    fi
+    # 4. fidelity: fp32, deterministic kernels, the two loaders' per-epoch losses (local batch 64)
+    run fidelity-solar 60 "$PY" "${TRAIN[@]}" --loader solar --epochs 2 --local-batch 64 --amp none \
+        --no-channels-last --deterministic --plan "$WORK/plan-b64.h5" --replan --log-json "$WORK/fid-solar.jsonl"
+    keep_log fidelity-solar "$WORK/fid-solar.jsonl"
+    run fidelity-baseline 60 "$PY" "${TRAIN[@]}" --loader baseline --workers "$WORKERS" --epochs 2 \
+        --local-batch 64 --amp none --no-channels-last --deterministic --log-json "$WORK/fid-baseline.jsonl"
+    keep_log fidelity-baseline "$WORK/fid-baseline.jsonl"
+    # 5. the framework variants on the device, one epoch each on the solar plan of step 1
+    run lightning 60 "$PY" examples/train_ptychonn_lightning.py "$WORK/plan-b$B.h5" --epochs 1 --stats-samples 512 \
+        --precision "$( [ "$DEVICE" = cuda ] && echo bf16-mixed || echo 32-true )"
+    run accelerate 60 "$PY" examples/train_ptychonn_accelerate.py "$WORK/plan-b$B.h5" --epochs 1 \
+        --stats-samples 512 --mixed-precision "$( [ "$DEVICE" = cuda ] && echo bf16 || echo no )" "${CPU_FLAG[@]}"
+}
+
+for s in $SECTIONS; do
+    case $s in
+        basics) basics ;;
+        *) say "unknown section $s (sections: basics)" ;;
+    esac
+done
+
+"$PY" benchmarks/gpu_summary.py "$OUT" --steps "$STEPS" --gpu "$GPU" --device "$DEVICE" \
+    --samples "$N" --size "$SIZE" --batch "$B" --workers "$WORKERS" 2>>"$LOG"
+say "done in $(( $(date +%s) - START ))s; results in $OUT"

@@ -1,0 +1,153 @@
+#!/usr/bin/env python
+"""The summary of ``benchmarks/gpu_check.sh``: reads what its steps left in OUTDIR (``train.jsonl``,
+``bench-*.json``) and the step list, writes ``summary.json`` and ``summary.md`` there and prints the latter.
+
+    python benchmarks/gpu_summary.py OUTDIR --steps steps.tsv --gpu NAME --device cuda ...
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections import defaultdict
+from typing import Dict, List, Optional
+
+#: the all-resident loop's steps/s against the same loop fed one resident batch (issue 23's target)
+RESIDENT_TARGET = 0.8
+
+
+def read_steps(path: Optional[str]) -> List[dict]:
+    out = []
+    if path and os.path.exists(path):
+        for line in open(path):
+            name, status, secs = line.rstrip("\n").split("\t")
+            out.append(dict(step=name, status=status, seconds=float(secs)))
+    return out
+
+
+def read_epochs(path: str) -> Dict[str, List[dict]]:
+    """``{run: [epoch records in order]}`` (held-out evaluation before training, epoch -1, left out)."""
+    runs: Dict[str, List[dict]] = defaultdict(list)
+    if os.path.exists(path):
+        for line in open(path):
+            rec = json.loads(line)
+            if rec.get("epoch", -1) >= 0 and "samples_per_s" in rec:
+                runs[rec["run"]].append(rec)
+    return dict(runs)
+
+
+def steps_per_s(rec: dict) -> float:
+    return rec["steps"] / rec["seconds"] if rec["seconds"] > 0 else 0.0
+
+
+def resident_ratio(runs: Dict[str, List[dict]]) -> Optional[dict]:
+    """Epochs >= 1 of the all-resident plan against the same epochs of the loop fed one resident batch."""
+    a, b = runs.get("train-all-resident", [])[1:], runs.get("train-resident-batch", [])[1:]
+    if not a or not b:
+        return None
+    fed = sum(r["steps"] for r in a) / sum(r["seconds"] for r in a)
+    ceiling = sum(r["steps"] for r in b) / sum(r["seconds"] for r in b)
+    return dict(all_resident_steps_per_s=fed, resident_batch_steps_per_s=ceiling, ratio=fed / ceiling,
+                target=RESIDENT_TARGET, met=fed / ceiling >= RESIDENT_TARGET)
+
+
+def fidelity(runs: Dict[str, List[dict]]) -> Optional[dict]:
+    """Per-epoch training and held-out losses of the fp32 deterministic runs of the two loaders."""
+    a, b = runs.get("fidelity-solar"), runs.get("fidelity-baseline")
+    if not a or not b:
+        return None
+    rows = []
+    for x, y in zip(a, b):
+        row = dict(epoch=x["epoch"], solar=x["loss"], baseline=y["loss"],
+                   rel_diff=abs(x["loss"] - y["loss"]) / max(abs(y["loss"]), 1e-12))
+        if "valid" in x and "valid" in y:
+            row.update(held_out_solar=x["valid"]["model"]["total"], held_out_baseline=y["valid"]["model"]["total"])
+        rows.append(row)
+    return dict(epochs=rows, max_rel_diff=max(r["rel_diff"] for r in rows))
+
+
+def bench_rows(rep: dict) -> List[dict]:
+    """Per loader and epoch: samples/s, au, gpu_wait_fraction."""
+    out = []
+    loaders = [("solar", rep.get("solar", {}).get("epochs", []))]
+    loaders += [(k, b["epochs"]) for k, b in rep.get("baselines", {}).items() if "epochs" in b]
+    for name, eps in loaders:
+        for ep in eps:
+            out.append(dict(loader=name, epoch=ep["epoch"], samples_per_s=ep["samples_per_s"], au=ep.get("au"),
+                            gpu_wait_fraction=ep.get("gpu_wait_fraction"), partial=bool(ep.get("partial"))))
+    return out
+
+
+def fmt(x, spec=".3f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def markdown(s: dict) -> str:
+    m = s["machine"]
+    lines = [f"# solar GPU check: {m['gpu']} ({m['device']})", "",
+             f"{m['samples']:,} PtychoNN samples of {m['size']}x{m['size']}, local batch {m['batch']}, "
+             f"baseline DataLoader workers {m['workers']}, one rank.", "",
+             "| step | exit | seconds |", "|---|---|---|"]
+    lines += [f"| {r['step']} | {r['status']} | {r['seconds']:.1f} |" for r in s["steps"]]
+    if s["training"]:
+        lines += ["", "Training (examples/train_ptychonn.py; epoch 0 cold, page cache dropped before each run):", "",
+                  "| run | epoch | samples/s | steps/s | loss | loader stall s | buffer hits |",
+                  "|---|---|---|---|---|---|---|"]
+        for run, eps in s["training"].items():
+            for r in eps:
+                hits = r.get("buffer_hit_rate")
+                lines.append(f"| {run} | {r['epoch']} | {r['samples_per_s']:.0f} | {steps_per_s(r):.1f} | "
+                             f"{r['loss']:.4f} | {r['stall_s_max']:.2f} | {'-' if hits is None else f'{hits:.0%}'} |")
+    rr = s.get("resident_ratio")
+    if rr:
+        lines += ["", f"All-resident plan vs one resident batch (epochs >= 1, same loop, bf16): "
+                      f"{rr['all_resident_steps_per_s']:.1f} / {rr['resident_batch_steps_per_s']:.1f} steps/s = "
+                      f"**{rr['ratio']:.2f}** (target >= {rr['target']})"]
+    fd = s.get("fidelity")
+    if fd:
+        lines += ["", "fp32, deterministic kernels: per-epoch training loss of the two loaders", "",
+                  "| epoch | solar | baseline | relative difference |", "|---|---|---|---|"]
+        lines += [f"| {r['epoch']} | {r['solar']:.6f} | {r['baseline']:.6f} | {r['rel_diff']:.2e} |"
+                  for r in fd["epochs"]]
+    if s["bench"]:
+        b = s["bench"]
+        lines += ["", f"`solar bench --device {m['device']} --model conv` cold ({b['cache']}):", "",
+                  "| loader | epoch | samples/s | au | gpu_wait_fraction |", "|---|---|---|---|---|"]
+        lines += [f"| {r['loader']} | {r['epoch']} | {r['samples_per_s']:.0f}{'*' if r['partial'] else ''} | "
+                  f"{fmt(r['au'])} | {fmt(r['gpu_wait_fraction'])} |" for r in b["rows"]]
+        if any(r["partial"] for r in b["rows"]):
+            lines.append("\n\\* stopped after the baseline time limit: rate over the samples delivered until then")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("outdir")
+    p.add_argument("--steps", help="steps.tsv of gpu_check.sh")
+    p.add_argument("--gpu", default="none")
+    p.add_argument("--device", default="cuda")
+    for k in ("samples", "size", "batch", "workers"):
+        p.add_argument(f"--{k}", type=int, default=0)
+    a = p.parse_args(argv)
+    runs = read_epochs(os.path.join(a.outdir, "train.jsonl"))
+    s = dict(machine=dict(gpu=a.gpu, device=a.device, samples=a.samples, size=a.size, batch=a.batch,
+                          workers=a.workers),
+             steps=read_steps(a.steps), training=runs, resident_ratio=resident_ratio(runs), fidelity=fidelity(runs),
+             bench=None)
+    bench = os.path.join(a.outdir, "bench-conv.json")
+    if os.path.exists(bench) and os.path.getsize(bench):
+        rep = json.load(open(bench))
+        s["bench"] = dict(rows=bench_rows(rep), cache=rep.get("cache"), device=rep.get("device"),
+                          disk_random_read_gbps=rep.get("limit_random_read_gbps"))
+    with open(os.path.join(a.outdir, "summary.json"), "w") as f:
+        json.dump(s, f, indent=1)
+    md = markdown(s)
+    with open(os.path.join(a.outdir, "summary.md"), "w") as f:
+        f.write(md)
+    sys.stdout.write(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
