@@ -11,12 +11,20 @@ removes the temporary name.
 
 A signal handler must not raise inside those write callbacks either (HDF5 would see a
 failed write): :func:`in_io_callback` tells a handler that it interrupted one.
+
+A process killed outright (SIGKILL: the launcher ending an MPI job after ``MPI_Abort``, the OOM
+killer) runs no clean-up.  Where the file system supports it (Linux ``O_TMPFILE``: ext4, XFS, Btrfs,
+tmpfs), :class:`AtomicH5` therefore writes a file without a name, linked in as ``<path>.tmp-<pid>``
+and renamed only when complete, so such a death leaves nothing; on file systems without it (NFS,
+some parallel file systems) the named temporary file is used, and :func:`in_progress` lists those of
+this process for the MPI abort path (:func:`solar.mpi.release_node_leftovers`) to remove.
 """
 from __future__ import annotations
 
 import os
 import re
-from typing import Callable, List, Optional, Tuple
+import threading
+from typing import Callable, List, Optional, Set, Tuple
 
 import h5py
 
@@ -48,6 +56,73 @@ def remove_quietly(path: Optional[str]):
             pass
 
 
+_named: Set[str] = set()  # temporary files of this process that have a name (see in_progress)
+_named_lock = threading.Lock()
+
+
+def _track(path: str, named: bool):
+    with _named_lock:
+        (_named.add if named else _named.discard)(path)
+
+
+def in_progress() -> List[str]:
+    """The named temporary files this process is writing now (an abort path removes them: see the module)."""
+    with _named_lock:
+        return sorted(_named)
+
+
+def remove_in_progress():
+    """Delete every named temporary file this process is writing (for an exit that runs no clean-up)."""
+    for path in in_progress():
+        remove_quietly(path)
+        _track(path, False)
+
+
+UNNAMED = hasattr(os, "O_TMPFILE") and os.path.isdir("/proc/self/fd")
+"""Whether :class:`AtomicH5` tries a file without a name first (``O_TMPFILE``, linked through /proc)."""
+
+_unnamed_works: dict = {}  # st_dev -> whether an unnamed file there can be linked in (probed once)
+
+
+def _link_unnamed(fd: int, dst: str):
+    """Give the unnamed file ``fd`` the name ``dst``: ``linkat(/proc/self/fd/N, AT_SYMLINK_FOLLOW)``.  (``os.link``
+    with absolute paths calls plain ``link()``, which links the /proc symlink itself and fails with EXDEV.)"""
+    proc = os.open("/proc/self/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.link(str(fd), dst, src_dir_fd=proc, follow_symlinks=True)
+    finally:
+        os.close(proc)
+
+
+def _open_unnamed(folder: str) -> int:
+    """A new file in ``folder`` without a name (``O_TMPFILE``), or -1 where the file system has none or
+    cannot link one in (probed once per file system with a file of no bytes)."""
+    if not UNNAMED:
+        return -1
+    try:
+        dev = os.stat(folder).st_dev
+        fd = os.open(folder, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o666)
+    except OSError:  # EOPNOTSUPP / EISDIR / EINVAL: not here (NFS, old kernels); a real error shows again below
+        return -1
+    if dev not in _unnamed_works:
+        probe = os.path.join(folder, f".solar-probe-{os.getpid()}-{threading.get_ident()}")
+        pfd = -1
+        try:
+            pfd = os.open(folder, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o666)
+            _link_unnamed(pfd, probe)
+            _unnamed_works[dev] = True
+        except OSError:
+            _unnamed_works[dev] = False
+        finally:
+            if pfd >= 0:
+                os.close(pfd)
+            remove_quietly(probe)
+    if not _unnamed_works[dev]:
+        os.close(fd)
+        return -1
+    return fd
+
+
 class ErrorTrapFile:
     """Unbuffered file for h5py's ``fileobj`` driver; records the first OS error instead of raising it.
 
@@ -57,8 +132,9 @@ class ErrorTrapFile:
     file is closed and thrown away.  Reads past the end return zeros, as HDF5's sec2 driver.
     """
 
-    def __init__(self, path: str):
-        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
+    def __init__(self, path: str, fd: int = -1):
+        """Write ``path`` (created or truncated), or the open file ``fd`` (``path`` only names it)."""
+        self.fd = fd if fd >= 0 else os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
         self.pos = 0
         self.end = 0  # furthest byte written, lost writes included
         self.error: Optional[OSError] = None
@@ -162,16 +238,26 @@ class AtomicH5:
     def __init__(self, path: str, **h5_kwargs):
         self.path, self.tmp = path, temp_name(path)
         self._trap: Optional[ErrorTrapFile] = None
+        fd = _open_unnamed(os.path.dirname(os.path.abspath(path)))
+        self.named = fd < 0  # False: the file has no name until commit links it in (nothing left if killed)
         try:
-            self._trap = ErrorTrapFile(self.tmp)
+            if self.named:
+                _track(self.tmp, True)
+            self._trap = ErrorTrapFile(self.tmp, fd)
             self.file = h5py.File(self._trap, "w", **h5_kwargs)
         except BaseException as exc:
             if self._trap is not None:
                 self._trap.close()
-            remove_quietly(self.tmp)
+            elif fd >= 0:
+                os.close(fd)
+            self._remove_tmp()
             if isinstance(exc, OSError) and self._trap is None:
                 raise WriteError(f"cannot write {path}: {os_reason(exc)}") from None
             raise
+
+    def _remove_tmp(self):
+        remove_quietly(self.tmp)
+        _track(self.tmp, False)
 
     def check(self):
         """Raise :class:`WriteError` if a write has failed (call it often while writing)."""
@@ -183,10 +269,15 @@ class AtomicH5:
         try:
             self.file.close()
             self._trap.sync()
-            self._trap.close()
             self.check()
             try:
+                if not self.named:  # give the file its temporary name only now, for the rename
+                    _track(self.tmp, True)
+                    _link_unnamed(self._trap.fd, self.tmp)
+                self._trap.close()
+                self.check()
                 os.replace(self.tmp, self.path)
+                _track(self.tmp, False)
             except OSError as exc:
                 raise WriteError(f"cannot write {self.path}: {os_reason(exc)}") from None
         except BaseException:
@@ -200,7 +291,7 @@ class AtomicH5:
                 self.file.close()
         finally:
             self._trap.close()
-            remove_quietly(self.tmp)
+            self._remove_tmp()  # named, or unnamed and linked in just before the error
 
     def __enter__(self) -> "AtomicH5":
         return self
@@ -216,6 +307,7 @@ def write_atomic(path: str, write: Callable[[str], object]):
     """``write(tmp)`` then rename ``tmp`` to ``path``; on any failure ``tmp`` is removed
     (an ``OSError`` becomes :class:`WriteError` naming ``path``)."""
     tmp = temp_name(path)
+    _track(tmp, True)
     try:
         write(tmp)
         os.replace(tmp, path)
@@ -225,3 +317,5 @@ def write_atomic(path: str, write: Callable[[str], object]):
     except BaseException:
         remove_quietly(tmp)
         raise
+    finally:
+        _track(tmp, False)

@@ -25,3 +25,20 @@ class DecodeError(SolarError):
 
 class WriteError(SolarError):
     """An output file or folder could not be written (disk full, read-only, missing folder)."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (what ``scancel`` and ``kill`` send) turned into an exception by the CLI, so clean-up code runs.
+
+    Not a :class:`SolarError`: like ``KeyboardInterrupt`` (Ctrl-C, SIGINT) it ends the command with its own
+    exit status, 143 (128 + SIGTERM); 130 for Ctrl-C.
+    """
+
+
+def exit_status(exc: BaseException) -> int:
+    """The exit status a process ends with after ``exc``: 143 for :class:`Terminated`, 130 for Ctrl-C, else 1."""
+    if isinstance(exc, Terminated):
+        return 143
+    if isinstance(exc, KeyboardInterrupt):
+        return 130
+    return 1

@@ -10,49 +10,168 @@ waiting in a collective forever.
   busy-polling in a blocking collective;
 * :func:`leader_call` — a check run by rank 0 (or one rank per node) whose failure is raised
   on every rank.
+
+An abort ends the other processes of the job with SIGKILL (MPICH's hydra does not send SIGTERM first),
+so they run no clean-up: before ``MPI_Abort`` the aborting process removes what it can of the job's
+leftovers on its node (:func:`release_node_leftovers`).
 """
 from __future__ import annotations
 
 import contextlib
 import os
+import re
+import signal
 import sys
 import threading
 import time
 import traceback
-from typing import Optional
+from typing import List, Optional, Set
 
 
 ABORT_GRACE_S = 0.5
 """Seconds between printing the error and ``MPI_Abort`` (lets the launcher forward the message)."""
 
 
-def _describe(exc: BaseException, rank: int, prefix: str) -> str:
-    """``"<prefix>: error on rank R: <cause>"`` (one line for a SolarError, with the traceback otherwise)."""
-    from .errors import SolarError
+def _describe(exc: BaseException, rank: int, prefix: str, size: int) -> str:
+    """What the aborting rank prints: ``"<prefix>: error on rank R: <cause>"`` (one line for a SolarError, with
+    the traceback otherwise) and ``"<prefix>: aborting all N ranks"``; for SIGTERM / Ctrl-C one line, no
+    traceback: ``"<prefix>: terminated (SIGTERM) on rank R: aborting all N ranks"``."""
+    from .errors import SolarError, Terminated
+    if isinstance(exc, KeyboardInterrupt):
+        what = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted (SIGINT)"
+        return f"{prefix}: {what} on rank {rank}: aborting all {size} ranks\n"
     cause = f"{exc}" if isinstance(exc, SolarError) else f"{type(exc).__name__}: {exc}"
     head = "" if isinstance(exc, SolarError) else "".join(traceback.format_exception(exc))
-    return f"{head}{prefix}: error on rank {rank}: {cause}\n"
+    return f"{head}{prefix}: error on rank {rank}: {cause}\n{prefix}: aborting all {size} ranks\n"
 
 
 def report_and_abort(comm, exc: BaseException, prefix: str = "solar") -> None:
-    """Print ``exc`` once (with this rank) to stderr and ``comm.Abort(1)``: every rank of the job ends.
+    """Print ``exc`` once (with this rank) to stderr and ``comm.Abort(status)``: every rank of the job ends.
 
-    MPICH's ``MPI_Abort`` returns to the caller (the process manager then kills the job), so
-    this process exits with status 1 right after, instead of running on.
+    The status is 143 after SIGTERM (:class:`~solar.errors.Terminated`), 130 after Ctrl-C, 1 otherwise; the
+    launcher exits with it.  Before the abort, the job's leftovers on this node are removed
+    (:func:`release_node_leftovers`).  MPICH's ``MPI_Abort`` returns to the caller (the process manager then
+    kills the job), so this process exits with the status right after, instead of running on.
     """
-    size = comm.Get_size()
-    sys.stderr.write(_describe(exc, comm.Get_rank(), prefix) + f"{prefix}: aborting all {size} ranks\n")
+    from .errors import exit_status
+    status = exit_status(exc)
+    _ignore_signals()  # a second Ctrl-C or SIGTERM must not interrupt the abort
+    sys.stderr.write(_describe(exc, comm.Get_rank(), prefix, comm.Get_size()))
     sys.stderr.flush()
     # the launcher forwards our stderr through a pipe; aborting at once could kill the job before it has
     # read the message (seen with MPICH's hydra: the job ended with no message about 1 run in 8)
     time.sleep(ABORT_GRACE_S)
+    with contextlib.suppress(Exception):  # last, so that the others (still running) make nothing after it
+        release_node_leftovers()
     try:
-        comm.Abort(1)
+        comm.Abort(status)
     finally:
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
                 stream.flush()
-        os._exit(1)
+        os._exit(status)
+
+
+def _ignore_signals():
+    """SIGINT and SIGTERM ignored from now on (main thread only: elsewhere they reach the main thread, not us)."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(ValueError, OSError):
+            signal.signal(sig, signal.SIG_IGN)
+
+
+# ---------------------------------------------------------------- leftovers of an aborted job
+SHM_DIR = "/dev/shm"
+SHM_LEFTOVERS = ("mpich_shm_", "sem.mp-")
+"""/dev/shm names the job leaves when its processes are killed: MPICH's shared-memory segment (one per node,
+removed by MPI_Finalize) and the named semaphores of Python's multiprocessing with the ``forkserver`` or
+``spawn`` start method (DataLoader workers' queues; removed by a resource tracker, killed with the job)."""
+
+
+def release_node_leftovers() -> List[str]:
+    """Remove what the job's processes on this node would leave when killed: the /dev/shm segments and
+    semaphores of :data:`SHM_LEFTOVERS` that they map, and the named temporary files (``<name>.tmp-<pid>``,
+    :mod:`solar.atomic`) that they are writing.  The job's processes on this node are this one and those
+    that map the same MPICH segment (the ranks a launcher started here).  Linux only; anything that fails
+    is skipped.  Returns the paths removed.  Unlinking is safe while they run: what they have mapped or open
+    stays valid until they end, which the abort makes happen now.
+    """
+    from .atomic import remove_in_progress
+    remove_in_progress()  # this process's own, by name
+    me = os.getpid()
+    mine = _shm_maps(me)
+    segments = {ino for ino, name in mine.items() if name.startswith("mpich_shm_")}
+    peers = _job_peers(me, segments) if segments else []
+    inodes: Set[int] = set(mine)
+    removed = []
+    for pid in [me, *peers]:
+        if pid != me:
+            inodes |= set(_shm_maps(pid))
+        removed += _remove_temp_files(pid)
+    try:
+        entries = list(os.scandir(SHM_DIR))
+    except OSError:
+        return removed
+    for entry in entries:
+        if entry.name.startswith(SHM_LEFTOVERS):
+            with contextlib.suppress(OSError):
+                if entry.inode() in inodes:
+                    os.unlink(entry.path)
+                    removed.append(entry.path)
+    return removed
+
+
+def _shm_maps(pid: int) -> dict:
+    """``{inode: name}`` of the /dev/shm files process ``pid`` maps (a semaphore appears under the temporary
+    name glibc made it with, deleted since: its inode is what matches)."""
+    out = {}
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            for line in f:
+                parts = line.split(None, 5)
+                if len(parts) == 6 and parts[5].startswith(SHM_DIR + "/"):
+                    out[int(parts[4])] = os.path.basename(parts[5].rstrip("\n").removesuffix(" (deleted)"))
+    except (OSError, ValueError):
+        pass
+    return out
+
+
+def _job_peers(me: int, segments: Set[int]) -> List[int]:
+    """The other processes of this user that share the parent of ``me`` (hydra's proxy, slurmstepd, orted start
+    a node's ranks) and map one of the MPI segments ``segments``: the job's ranks on this node."""
+    parent = os.getppid()
+    peers = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == parent and segments & set(_shm_maps(int(name))):
+            peers.append(int(name))
+    return peers
+
+
+def _remove_temp_files(pid: int) -> List[str]:
+    """Delete the named temporary files ``<name>.tmp-<pid>`` process ``pid`` holds open (solar's output files
+    being written, :mod:`solar.atomic`)."""
+    removed = []
+    suffix = re.compile(rf"\.tmp-{pid}$")
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return removed
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("/") and suffix.search(target) and os.path.isfile(target):
+            with contextlib.suppress(OSError):
+                os.unlink(target)
+                removed.append(target)
+    return removed
 
 
 def _ends_quietly(exc: BaseException) -> bool:

@@ -76,6 +76,16 @@ def test_killed_rank_ends_every_rank(job3):
     assert "fault_job: done" not in out
 
 
+@pytest.fixture(autouse=True)
+def no_node_clean_up_here(monkeypatch):
+    """The abort path removes the job's /dev/shm leftovers on its node before MPI_Abort: not from this
+    test process (the jobs in subprocesses do it for real)."""
+    calls = []
+    monkeypatch.setattr("solar.mpi.release_node_leftovers", lambda: calls.append(1) or [], raising=False)
+    monkeypatch.setattr("solar.mpi._ignore_signals", lambda: None, raising=False)  # keep pytest's Ctrl-C
+    return calls
+
+
 class FakeComm:
     """A communicator of ``size`` ranks whose Abort records the call and stops the caller."""
 
@@ -181,3 +191,63 @@ def test_abort_on_error_exits_when_abort_returns(monkeypatch, capfd):
         ran_on.append(True)
     assert comm.aborted == [1] and exits == [1] and not ran_on
     assert "solar bench: error on rank 2: bad option on one rank\nsolar bench: aborting all 3 ranks" in capfd.readouterr().err
+
+
+ABORT_JOB = os.path.join(HERE, "abort_job.py")
+
+
+def mpiexec2():
+    return [os.path.join(os.path.dirname(sys.executable), "mpiexec"), "-n", "2"]
+
+
+@pytest.mark.parametrize("sig, status, line, temp", [
+    ("SIGTERM", 143, "solar bench: terminated (SIGTERM) on rank 1: aborting all 2 ranks", "unnamed"),
+    ("SIGINT", 130, "solar bench: interrupted (SIGINT) on rank 1: aborting all 2 ranks", "named"),
+])
+def test_signal_to_one_rank_of_bench_ends_cleanly_and_leaves_nothing(tmp_path, sig, status, line, temp):
+    """Issue 26: SIGTERM / SIGINT to rank 1 of `mpiexec -n 2 solar bench` while rank 0 writes the bench's
+    schedule.  It printed a traceback ending in `Terminated` / `KeyboardInterrupt` and `error on rank 1:
+    Terminated:` with an empty cause, exited 1, left `<schedule>.tmp-<pid>` (rank 0 is SIGKILLed by the
+    launcher mid-write), MPICH's /dev/shm segment and the semaphores of a forkserver queue (what DataLoader
+    workers use).  Now: one line, exit 143 / 130, nothing left (the temporary file unnamed until complete,
+    or, named, removed by the aborting rank with the job's /dev/shm leftovers on its node)."""
+    data = make_dataset(tmp_path, "ptychonn", "contiguous", samples=32)
+    out = tmp_path / "out"
+    out.mkdir()
+    cmd = [*mpiexec2(), sys.executable, ABORT_JOB, sig, temp, "bench", data, "--schedule", str(out / "s.h5"),
+           "--only", "solar", "--epochs", "1", "-b", "4"]
+    t0 = time.monotonic()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        text, _ = p.communicate(timeout=LIMIT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        text, _ = p.communicate()
+        pytest.fail(f"the job still ran after {LIMIT_S} s:\n{text[-3000:]}")
+    assert "abort_job: rank 0 writes" in text, text[-3000:]  # the signal came mid-write
+    assert p.returncode == status and time.monotonic() - t0 < LIMIT_S, text[-3000:]
+    assert "Traceback" not in text and "error on rank" not in text and text.count(line) == 1, text[-3000:]
+    assert sorted(os.listdir(out)) == [], text[-3000:]
+    names = [n for ln in text.splitlines() if ln.startswith("abort_job: rank ") and " shm " in ln
+             for n in ln.split(" shm ", 1)[1].split()]
+    assert any(n.startswith("mpich_shm_") for n in names) and sum(n.startswith("sem.mp-") for n in names) == 6
+    assert [n for n in names if os.path.exists(os.path.join("/dev/shm", n))] == []
+    assert f"(named temporary file: {temp == 'named'})" in text, text[-3000:]
+
+
+def test_abort_after_a_signal_is_one_line_with_the_signal_status(monkeypatch, capfd, no_node_clean_up_here):
+    """A KeyboardInterrupt / Terminated reaching the abort path: no traceback, MPI_Abort and exit with 130 / 143."""
+    from solar.errors import Terminated
+    from solar.mpi import report_and_abort
+
+    exits = []
+    monkeypatch.setattr(os, "_exit", lambda code: (exits.append(code), (_ for _ in ()).throw(SystemExit(code))))
+    monkeypatch.setattr("solar.mpi.ABORT_GRACE_S", 0.0)
+    for exc, status, what in [(Terminated(), 143, "terminated (SIGTERM)"), (KeyboardInterrupt(), 130,
+                                                                              "interrupted (SIGINT)")]:
+        comm = FakeComm(size=2, rank=1)
+        with pytest.raises(SystemExit):
+            report_and_abort(comm, exc, prefix="solar bench")
+        assert comm.aborted == [status] and exits[-1] == status
+        assert capfd.readouterr().err == f"solar bench: {what} on rank 1: aborting all 2 ranks\n"
+    assert len(no_node_clean_up_here) == 2  # once per abort, before MPI_Abort

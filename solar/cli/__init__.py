@@ -9,14 +9,10 @@ import sys
 import threading
 
 from ..atomic import in_io_callback
-from ..errors import SolarError
+from ..errors import SolarError, Terminated
 from . import bench_cmd, gen_cmd, inspect_cmd, plan_cmd, simulate_cmd
 
 COMMANDS = (gen_cmd, inspect_cmd, simulate_cmd, plan_cmd, bench_cmd)
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (what ``scancel`` and ``kill`` send) turned into an exception, so clean-up code runs."""
 
 
 def build_parser() -> argparse.ArgumentParser:
