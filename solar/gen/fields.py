@@ -33,8 +33,9 @@ def smooth_frames(rng: np.random.Generator, shape: Sequence[int], n_frames: int 
     if ndim == 1:
         out = c @ axes[0]  # (T, X)
     elif ndim == 2:
-        # (T, X, M) @ (M, Y); contiguous first: numpy's matmul of a transposed complex view is a slow loop (15x)
-        out = np.matmul(np.ascontiguousarray(np.transpose(c[:, :, None] * axes[0][None], (0, 2, 1))), axes[1])
+        # (T, X, M) @ (M, Y) as einsum's own loop: matmul of the transposed complex view was a slow loop, and
+        # through BLAS its threads cost more than this small product on a busy machine (the same bytes either way)
+        out = np.einsum("txm,my->txy", np.transpose(c[:, :, None] * axes[0][None], (0, 2, 1)), axes[1])
     else:
         out = np.einsum("tm,mx,my,mz->txyz", c, axes[0], axes[1], axes[2], optimize=True)
     out = out.real.astype(np.float32)  # (T, *shape)
