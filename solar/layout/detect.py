@@ -50,7 +50,7 @@ def known_spec(f: h5py.File, path: str, root: str, name: str):
     common = collections.Counter(f[k].shape[0] for k in cands).most_common(1)[0][0]
     fields = tuple(k for k in cands if f[k].shape[0] == common)
     return (LayoutSpec("rows", (name,), fields, root=root, name="rows"),
-            f"row i of the root datasets with 2+ axes and {common} rows")
+            f"row i of the root datasets with 2+ axes and {common:,} rows")
 
 
 def _root_array(f: h5py.File, key: str) -> bool:

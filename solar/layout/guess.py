@@ -169,7 +169,7 @@ def _describe_set(members: Sequence[Node], signals: set, meta: bool) -> str:
 
 
 def _rows(n: int) -> str:
-    return f"{n} row" if n == 1 else f"{n} rows"
+    return f"{n} row" if n == 1 else f"{n:,} rows"
 
 
 def _top(path: str) -> str:
