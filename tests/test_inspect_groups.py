@@ -162,6 +162,11 @@ def test_plan_on_the_bare_file_points_to_inspect(tmp_path, capsys):
                    f"it as a spec to give instead of the file")
     assert main(["plan", f, "-P", "1", "-b", "2", "--buffer-fraction", "1", "-o", str(tmp_path / "p.h5")]) == 2
     assert capsys.readouterr().err.strip() == f"solar plan: error: {msg}"
+    with h5py.File(tmp_path / "flat.h5", "w") as h:  # arrays at the root, but one axis each
+        h.create_dataset("labels", data=np.arange(5))
+    with pytest.raises(LayoutError, match=r"flat.h5 is: its arrays have one axis \(best guess: 5 samples, row i "
+                                          r"of labels\)"):
+        load_layout(str(tmp_path / "flat.h5"))
 
 
 def test_file_without_array_data_is_one_line(tmp_path, capsys):

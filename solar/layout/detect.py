@@ -68,13 +68,14 @@ def no_array_message(path: str, nodes) -> str:
 
 
 def _refusal(path: str, nodes) -> str:
-    """The one line of :func:`detect_spec` for a file whose arrays sit in groups."""
+    """The one line of :func:`detect_spec` for a file whose arrays sit in groups (or have one axis)."""
     guesses = guess_samples(nodes)
     if not guesses:
         return no_array_message(path, nodes)
     g = guesses[0]
     q = shlex.quote(path)
-    return (f"cannot tell what a sample of {path} is: its arrays sit in groups (best guess: {g.samples} samples, "
+    where = "sit in groups" if any("/" in f for f in g.fields) else "have one axis"
+    return (f"cannot tell what a sample of {path} is: its arrays {where} (best guess: {g.samples} samples, "
             f"row i of {short_fields(g.fields)}); `solar inspect {q}` shows it with the alternatives and "
             f"`solar inspect {q} --save-spec {SPEC_FILENAME}` saves it as a spec to give instead of the file")
 
