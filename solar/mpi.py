@@ -4,7 +4,7 @@ waiting in a collective forever.
 * :func:`abort_on_error` — a context manager around a block of code;
 * :func:`install_abort_hooks` / :func:`remove_abort_hooks` — ``sys.excepthook`` (and
   ``threading.excepthook`` for solar's own threads) that report an uncaught exception with
-  the rank and call ``comm.Abort(1)``, as ``python -m mpi4py`` does.  ``SolarLoader``
+  the rank and abort the job (``MPI_Abort``), as ``python -m mpi4py`` does.  ``SolarLoader``
   installs them while it is open on a communicator of more than one rank;
 * :func:`sleep_barrier` / :func:`root_call` — ranks waiting for rank 0 sleep instead of
   busy-polling in a blocking collective;
@@ -136,8 +136,8 @@ def _shm_maps(pid: int) -> dict:
 
 
 def _job_peers(me: int, segments: Set[int]) -> List[int]:
-    """The other processes of this user that share the parent of ``me`` (hydra's proxy, slurmstepd, orted start
-    a node's ranks) and map one of the MPI segments ``segments``: the job's ranks on this node."""
+    """The other processes that share the parent of ``me`` (hydra's proxy, slurmstepd or orted starts a node's
+    ranks) and map one of the MPI segments ``segments``: the job's ranks on this node."""
     parent = os.getppid()
     peers = []
     for name in os.listdir("/proc"):
@@ -182,7 +182,8 @@ def _ends_quietly(exc: BaseException) -> bool:
 @contextlib.contextmanager
 def abort_on_error(comm=None, prefix: str = "solar"):
     """Run the body; on an exception print it once (with the rank) and, when ``comm``
-    has more than one rank, ``comm.Abort(1)`` so every rank ends now.
+    has more than one rank, abort it (:func:`report_and_abort`: status 1, 143 after SIGTERM, 130 after
+    Ctrl-C) so every rank ends now.
 
     With one rank (or no comm) the exception propagates normally.
     """

@@ -46,7 +46,8 @@ def main():
 
     def add_epoch(self, ep):
         if comm.rank == 0:
-            print(f"abort_job: rank 0 writes {self.path} (named temporary file: {getattr(self.out, 'named', True)})", flush=True)
+            named = getattr(self.out, "named", True)
+            print(f"abort_job: rank 0 writes {self.path} (named temporary file: {named})", flush=True)
             os.kill(pids[1], sig)
             time.sleep(60)  # the job ends while the file is being written
         return real(self, ep)
