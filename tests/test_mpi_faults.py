@@ -2,6 +2,7 @@
 naming the rank and the cause: `mpiexec -n 3` (MPICH hydra) subprocesses running
 tests/fault_job.py, and the same under `srun -n 3` on the one-machine SLURM cluster of
 slurm/ when it can be started.  Plus the abort hooks themselves, in process."""
+import contextlib
 import os
 import re
 import shutil
@@ -65,9 +66,22 @@ def test_raising_rank_ends_every_rank(job3, mode, reader, extra, cause):
     assert "fault_job: done" not in out
 
 
+def remove_unused_new_segments(before: set):
+    """Delete the MPICH /dev/shm segments that appeared since ``before`` and no process maps any more: a job
+    whose rank was killed outright leaves its segment (docs/reliability.md, Known limits)."""
+    for name in set(os.listdir("/dev/shm")) - before:
+        path = os.path.join("/dev/shm", name)
+        if name.startswith("mpich_shm_") and shutil.which("fuser") and \
+                subprocess.run(["fuser", "-s", path], capture_output=True).returncode != 0:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+
+
 def test_killed_rank_ends_every_rank(job3):
     """SIGKILL of rank 1 mid-epoch: hydra ends the others and names the process and the signal."""
+    before = set(os.listdir("/dev/shm"))
     status, secs, out = run_job(mpiexec3(), *job3, "--mode", "kill")
+    remove_unused_new_segments(before)
     assert status is not None and status != 0 and secs < LIMIT_S, out[-3000:]
     pids = set(re.findall(r"fault_job: rank \d+ is pid (\d+)", out))  # the ranks' lines may interleave
     named = re.findall(r"=   PID (\d+) RUNNING", out)
