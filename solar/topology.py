@@ -42,6 +42,13 @@ class Topology:
         if not 0 <= self.local_rank < self.local_size:
             raise SpecError(f"local_rank must be in [0, {self.local_size}), got {self.local_rank!r}")
 
+    def cpu_share(self, affinity: int, cpu_count: int) -> int:
+        """The cores this rank may keep busy (pure): its CPU affinity when the launcher bound it to fewer
+        than the node's cores (its binding is its share), else the node's cores divided among its
+        ``local_size`` ranks; at least 1."""
+        affinity, cpu_count = max(1, int(affinity)), max(1, int(cpu_count))
+        return affinity if affinity < cpu_count else max(1, cpu_count // self.local_size)
+
     def device(self, cuda_available: bool, gpus: int = 0) -> str:
         """``cuda:<local_rank mod gpus>`` when GPUs are there, else ``cpu``."""
         return f"cuda:{self.local_rank % gpus}" if cuda_available and gpus > 0 else "cpu"
@@ -123,3 +130,14 @@ def launcher_rank(world_size: int, env=None) -> int:
         raise SpecError(f"the launcher runs {t.world_size} ranks ({t.source}) but the schedule is planned "
                         f"for world size {world_size}: plan with world_size={t.world_size} or pass rank=")
     return t.rank
+
+
+def cpus_of_this_rank(topology: Optional[Topology] = None) -> int:
+    """:meth:`Topology.cpu_share` of this process (``topology`` default: :func:`detect`, the launcher's
+    variables, which say how many ranks share the node), from its CPU affinity and the machine's core count."""
+    t = topology if topology is not None else detect()
+    try:
+        affinity = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        affinity = os.cpu_count() or 1
+    return t.cpu_share(affinity, os.cpu_count() or affinity)

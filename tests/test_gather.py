@@ -78,6 +78,46 @@ def test_gather_equals_place_block_and_h5py(resident, preset, storage, data):
             np.testing.assert_array_equal(got[k][i], v, err_msg=f"sample {s} field {k}")
 
 
+@pytest.mark.parametrize("preset,storage", CASES, ids=[f"{p}-{s}" for p, s in CASES])
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_gather_on_several_cores_equals_one(resident, preset, storage, data, monkeypatch):
+    """cpus > 1: the rows split into runs that threads gather at once give the same bits as one thread (runs
+    made small here so every batch splits)."""
+    import solar.buffer.gather as gather
+    monkeypatch.setattr(gather, "MIN_PART_BYTES", 1)
+    layout, outs = resident(preset, storage)
+    n = data.draw(st.integers(1, layout.n_samples), label="batch")
+    samples = np.array(data.draw(st.permutations(range(layout.n_samples)))[:n], dtype=np.int64)
+    sb = _step_blocks(layout, outs, samples, np.random.default_rng(data.draw(st.integers(0, 2**31), label="seed")))
+    cpus = data.draw(st.integers(2, 5), label="cpus")
+    many, one = BatchAssembler(layout, cpus=cpus), BatchAssembler(layout)
+    try:
+        _same_bits(many(0, samples, sb), one(0, samples, sb))
+        assert (many._pool is not None) == many.gather  # the threads are made on first use
+    finally:
+        many.close()
+
+
+def test_row_parts():
+    from solar.buffer.gather import row_parts
+    assert row_parts(128, 4, 196608) == [(0, 32), (32, 64), (64, 96), (96, 128)]
+    assert row_parts(10, 4, 1000) == [(0, 10)]  # 10 kB: one run (each would be under 1 MiB)
+    assert row_parts(0, 4, 10**6) == [(0, 0)] and row_parts(3, 8, 10**7) == [(0, 1), (1, 2), (2, 3)]
+    for n in range(0, 40):
+        for parts in range(1, 6):
+            runs = row_parts(n, parts, 1, 1)
+            assert runs[0][0] == 0 and runs[-1][1] == n and all(a[1] == b[0] for a, b in zip(runs, runs[1:]))
+            assert len(runs) == max(1, min(parts, n)) and max(h - lo for lo, h in runs) - min(h - lo for lo, h in runs) <= 1
+
+
+def test_assembler_cpus_is_checked(resident):
+    layout, _ = resident("ptychonn", "contiguous")
+    for bad in (0, -1, 1.5, True, "2"):
+        with pytest.raises(solar.SpecError, match="cpus must be an integer >= 1"):
+            BatchAssembler(layout, cpus=bad)
+
+
 def _rows_file(path, fields, chunks):
     with h5py.File(path, "w") as f:
         for name, arr in fields.items():

@@ -1,3 +1,5 @@
+import os
+
 import pytest
 
 from solar.errors import SpecError
@@ -24,3 +26,14 @@ def test_bad_topology_names_value():
 def test_detect_from_comm(comm):
     t = detect(comm)
     assert t.world_size == comm.size and t.rank == comm.rank and t.nodes == 1 and t.local_size == comm.size
+
+
+def test_cpu_share_of_a_rank():
+    """A rank's cores: its affinity when the launcher bound it to fewer than the node's, else an equal share."""
+    from solar.topology import Topology, cpus_of_this_rank
+    t4 = Topology(8, 1, local_rank=1, local_size=4)
+    assert t4.cpu_share(affinity=16, cpu_count=16) == 4       # the whole node: a quarter each
+    assert t4.cpu_share(affinity=3, cpu_count=16) == 3        # bound by srun --cpus-per-task=3
+    assert Topology(8, 1, local_rank=1, local_size=32).cpu_share(16, 16) == 1  # more ranks than cores
+    assert Topology(1, 0).cpu_share(2, 2) == 2
+    assert 1 <= cpus_of_this_rank(Topology(1, 0)) <= (os.cpu_count() or 1)

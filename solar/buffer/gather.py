@@ -123,7 +123,7 @@ class GatherTables:
             self.field_bytes[k] = int(np.prod(shp, dtype=np.int64)) * dsz.get(name, 0)
 
     def gather(self, samples: np.ndarray, blocks: np.ndarray, block_class: np.ndarray, block_slot: np.ndarray,
-               pools, out: dict[str, np.ndarray]) -> None:
+               pools, out: dict[str, np.ndarray], workers=None, parts: int = 1) -> None:
         """Fill ``out[field]`` (C-contiguous, shape (n, *field shape)) for ``samples`` (int64[n]).
 
         ``blocks`` int64[m] ascending: the step's resident blocks; ``block_class``/``block_slot``
@@ -131,17 +131,38 @@ class GatherTables:
         of every sample must be among ``blocks``, and every piece inside its slot and field
         (ValueError otherwise, before that piece is copied).  Values land in the file's byte
         order; :meth:`to_native` converts.
+
+        ``workers`` (an executor with ``map``) and ``parts`` > 1: the samples are split into up to ``parts``
+        runs of rows (:func:`row_parts`), each gathered by one worker into its own rows of ``out``; the
+        kernel holds no GIL, so the runs are copied on as many cores at once.
         """
         lay = self.layout
         samples = np.ascontiguousarray(samples, dtype=np.int64)
+        for name in self.fields:
+            if not out[name].flags.c_contiguous:
+                raise ValueError(f"batch array of field {name!r} must be C-contiguous")
         src = np.searchsorted(lay.source_start, samples, side="right") - 1
         local = samples - lay.source_start[src]
-        for c in np.unique(block_class).tolist():
+        classes = np.unique(block_class).tolist()
+        runs = row_parts(samples.shape[0], parts if workers is not None else 1, int(self.field_bytes.sum()),
+                         MIN_PART_BYTES)
+
+        def rows(lo_hi):
+            lo, hi = lo_hi
+            self._gather_rows(samples[lo:hi], src[lo:hi], local[lo:hi], blocks, block_class, block_slot, pools,
+                              {k: v[lo:hi] for k, v in out.items()}, classes)
+        if len(runs) == 1:
+            rows(runs[0])
+        else:
+            for _ in workers.map(rows, runs):  # the first exception of a worker is raised here
+                pass
+
+    def _gather_rows(self, samples, src, local, blocks, block_class, block_slot, pools, out, classes) -> None:
+        lay = self.layout
+        for c in classes:
             flat = pools.arrays[c].reshape(-1)
             slot_bytes = int(pools.class_bytes[c])
             for k, name in enumerate(self.fields):
-                if not out[name].flags.c_contiguous:
-                    raise ValueError(f"batch array of field {name!r} must be C-contiguous")
                 dest = out[name].reshape(-1).view(np.uint8)
                 missing = _gather_field(k, c, samples, src, local, lay.sample_ptr, lay.sample_blocks,
                                         lay.block_dataset, blocks, block_class, block_slot, flat, slot_bytes, dest,
@@ -161,6 +182,18 @@ class GatherTables:
             dt = np.dtype(self.layout.datasets[d].dtype)
             if dt.itemsize > 1 and not dt.isnative:
                 out[name].byteswap(inplace=True)
+
+
+#: Bytes below which a run of rows is not split further (a worker's hand-off costs more than copying less).
+MIN_PART_BYTES = 1 << 20
+
+
+def row_parts(n: int, parts: int, row_bytes: int, min_bytes: int = MIN_PART_BYTES) -> list:
+    """``[(lo, hi), ...]``: ``n`` rows in at most ``parts`` contiguous runs of nearly equal length, none under
+    ``min_bytes`` (at ``row_bytes`` a row) unless there is one run only (pure)."""
+    parts = max(1, min(int(parts), n, (n * max(int(row_bytes), 0)) // max(int(min_bytes), 1)))
+    edges = [n * i // parts for i in range(parts + 1)]
+    return [(edges[i], edges[i + 1]) for i in range(parts)]
 
 
 @njit(nogil=True, cache=True)

@@ -29,10 +29,19 @@ class BatchAssembler:
     ones); the other fields' blocks may be resident (the plan loads them) but are not copied.
     ``pin_memory`` without CUDA warns (once per process, :class:`RuntimeWarning`) and allocates
     ordinary memory.
+
+    ``cpus``: the cores assembly may keep busy.  With more than one, a batch's rows are split into runs
+    (at least 1 MiB each) that threads of a pool of ``cpus`` gather at once, GIL-free; :meth:`close` ends
+    the pool.
     """
 
     def __init__(self, layout, pin_memory: bool = False, gather: bool = True,
-                 fields: Optional[Sequence[str]] = None):
+                 fields: Optional[Sequence[str]] = None, cpus: int = 1):
+        if isinstance(cpus, bool) or not isinstance(cpus, int) or cpus < 1:
+            from ..errors import SpecError
+            raise SpecError(f"cpus must be an integer >= 1 (cores for batch assembly), got {cpus!r}")
+        self.cpus = cpus
+        self._pool = None
         self.layout = layout
         self.pin = bool(pin_memory) and _cuda_for_pinning()
         self.fields = layout.field_names if fields is None else layout.spec.field_subset(fields)
@@ -74,11 +83,25 @@ class BatchAssembler:
             out = {k: [None] * n for k in self.fields}
         if self.gather and getattr(lookup, "in_pools", False):
             t = self.tables
-            t.gather(samples, lookup.blocks, lookup.block_class, lookup.block_slot, lookup.pools, out)
+            t.gather(samples, lookup.blocks, lookup.block_class, lookup.block_slot, lookup.pools, out,
+                     workers=self._workers(), parts=self.cpus)
             t.to_native(out)
             return out
         self._place_each(samples, lookup, out)
         return out
+
+    def _workers(self):
+        """The assembly threads (made on first use; None with one cpu)."""
+        if self.cpus > 1 and self._pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+            self._pool = ThreadPoolExecutor(self.cpus, thread_name_prefix="solar-assemble")
+        return self._pool
+
+    def close(self) -> None:
+        """End the assembly threads (a closed assembler makes them again if called)."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
 
     def _place_each(self, samples: np.ndarray, lookup, out: Dict[str, object]) -> None:
         """The per-sample, per-block path: ``place_block`` for every block of every sample."""

@@ -78,6 +78,10 @@ class SolarLoader:
     line (hit rate, samples/s, stall) goes to ``logging.getLogger("solar.loader")``;
     ``loader.epoch_log.last`` holds its numbers.
 
+    ``cpus``: the cores the loader may keep busy for batch assembly (default: this rank's share, its CPU
+    affinity divided by the ranks on its node, :func:`solar.topology.cpus_of_this_rank`); ``threads`` stays
+    the reader's I/O depth (requests in flight).
+
     Resuming: after :meth:`load_state_dict` the cursor is inside epoch
     ``loader.epoch``; ``set_epoch(loader.epoch)`` keeps it, so the loop
     ``for e in loader.epoch_range(): loader.set_epoch(e); for b in loader``
@@ -110,7 +114,7 @@ class SolarLoader:
                  fields: Optional[Sequence[str]] = None, transform: Optional[Callable[[dict], dict]] = None,
                  sample_transform: Optional[Callable[[dict], dict]] = None,
                  device: Union[str, "torch.device", None] = None,
-                 verify_data: str = "fast", verify_scope: str = "job") -> None:
+                 verify_data: str = "fast", verify_scope: str = "job", cpus: Optional[int] = None) -> None:
         from ..io import default_reader_name, get_reader
         from ..schedule.verify import check_mode
         if not isinstance(abort_on_error, bool):
@@ -160,7 +164,11 @@ class SolarLoader:
                 self.rank_plan = self.schedule.node_plan(self.rank)
                 self.memory = node_rank_memory(self.rank_plan, self.demand, self.schedule.buffer_bytes,
                                                self.batch_bytes, prefetch)
-            self.assembler = BatchAssembler(self.layout, pin_memory=pin_memory, fields=fields)
+            if cpus is None:  # the rank's share of the cores it may run on (affinity / ranks on the node)
+                from ..topology import cpus_of_this_rank
+                cpus = cpus_of_this_rank()
+            self.cpus = cpus
+            self.assembler = BatchAssembler(self.layout, pin_memory=pin_memory, fields=fields, cpus=cpus)
             self.hooks = BatchHooks(transform, sample_transform, device, as_torch, to_torch=self._to_torch)
             bind_layout(self.layout, transform, sample_transform)
             self.reader_name = reader or default_reader_name(self.layout, comm)
@@ -371,6 +379,7 @@ class SolarLoader:
         """Stop the prefetch thread, close the reader (collective for MPI readers) and the schedule,
         and remove the abort hooks."""
         self._stop_buffer()
+        self.assembler.close()
         if self.windows is not None:
             self.windows.close()
         self.reader.close()

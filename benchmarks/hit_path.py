@@ -1,0 +1,106 @@
+"""The hit path of one rank: SolarLoader on an all-resident plan against a one-thread numpy gather of the
+same bytes, in the same run (issue 24's target).
+
+    python benchmarks/hit_path.py data/p4k --batch 128 --epochs 3 --cpus 1 2 --repeat 3 [--json]
+
+Plans one rank at buffer fraction 1.0 (every block resident after epoch 0).  Per ``--cpus`` value, per
+repeat: a SolarLoader (torch batches, as a training loop takes them) runs ``--epochs`` epochs; the hit
+path is its best epoch >= 1 (samples/s and GB/s of delivered bytes).  The reference, run interleaved with
+the loader's repeats: every field of the dataset in memory as one array, each batch of the same sample
+ids gathered with ``np.take(a, idx, axis=0, out=preallocated)`` on one thread, best of its epochs.
+Prints the ratios loader / reference per ``--cpus``; only ratios mean anything across machines.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+
+def reference(arrays, batches, outs) -> float:
+    """Seconds to gather every batch of one epoch with np.take on one thread."""
+    t0 = time.perf_counter()
+    for idx in batches:
+        n = idx.shape[0]
+        for a, out in zip(arrays, outs):
+            np.take(a, idx, axis=0, out=out[:n])
+    return time.perf_counter() - t0
+
+
+def loader_epochs(plan: str, data: str, epochs: int, cpus) -> list:
+    """Seconds of each epoch of a bare loop over SolarLoader (torch batches)."""
+    from solar.loader import SolarLoader
+    kw = {} if cpus is None else {"cpus": cpus}
+    out = []
+    with SolarLoader(plan, data, as_torch=True, epoch_fence=True, **kw) as loader:
+        loader.prepare()
+        for e in range(epochs):
+            loader.set_epoch(e)
+            t0 = time.perf_counter()
+            for _ in loader:
+                pass
+            out.append(time.perf_counter() - t0)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("data")
+    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--cpus", type=int, nargs="*", default=[None], help="cpus= values (default: the loader's default)")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args(argv)
+    import h5py
+
+    import solar
+    layout = solar.load_layout(a.data)
+    tmp = tempfile.mkdtemp(prefix="solar-hit-")
+    plan = os.path.join(tmp, "plan.h5")
+    solar.plan(a.data, world_size=1, local_batch=a.batch, epochs=a.epochs, buffer_fraction=1.0, out=plan).close()
+    with solar.Schedule.load(plan) as s:
+        S = s.steps_per_epoch
+        batches = [[np.sort(s.batch(e, g, 0)) for g in range(S)] for e in range(a.epochs)]
+    arrays = []
+    for d in layout.datasets:  # one array per field (a one-file rows layout: dataset = field)
+        with h5py.File(layout.files[d.file], "r") as h:
+            arrays.append(np.ascontiguousarray(h[d.name][()]))
+    arrays = [x.reshape(x.shape[0], -1) for x in arrays]
+    sample_bytes = sum(x.shape[1] * x.itemsize for x in arrays)
+    outs = [np.empty((a.batch, x.shape[1]), x.dtype) for x in arrays]
+    n = sum(b.shape[0] for b in batches[1])
+    res = {"data": a.data, "samples": layout.n_samples, "sample_bytes": sample_bytes, "batch": a.batch,
+           "load": os.getloadavg(), "runs": []}
+    for r in range(a.repeat):
+        ref = min(reference(arrays, batches[e], outs) for e in range(1, a.epochs))
+        res["runs"].append({"what": "np.take", "repeat": r, "samples_per_s": n / ref,
+                            "gbps": n * sample_bytes / ref / 1e9})
+        for c in a.cpus:
+            secs = loader_epochs(plan, a.data, a.epochs, c)
+            best = min(secs[1:])
+            res["runs"].append({"what": f"solar cpus={c}", "repeat": r, "samples_per_s": n / best,
+                                "gbps": n * sample_bytes / best / 1e9, "epoch_s": secs})
+        print(" ".join(f"{x['what']}: {x['gbps']:.2f} GB/s" for x in res["runs"] if x["repeat"] == r),
+              file=sys.stderr, flush=True)
+    best = {}
+    for x in res["runs"]:
+        best[x["what"]] = max(best.get(x["what"], 0.0), x["gbps"])
+    res["best_gbps"] = best
+    res["ratio_to_np_take"] = {k: v / best["np.take"] for k, v in best.items() if k != "np.take"}
+    if a.json:
+        print(json.dumps(res, indent=1))
+    else:
+        for k, v in best.items():
+            print(f"{k:>16}: {v:.2f} GB/s" + (f"  x{v / best['np.take']:.2f} of np.take" if k != "np.take" else ""))
+        print(f"load average {res['load']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
