@@ -194,7 +194,7 @@ class SolarSource:
 
     kind = "solar"
 
-    def __init__(self, plan_path: str, data: str, rank: int, pin_memory: bool, device=None):
+    def __init__(self, plan_path: str, data: str, rank: int, pin_memory: bool, device=None, cpus: int = 1):
         from solar.loader import SolarLoader
         from solar.schedule import Schedule
         schedule, comm = Schedule.load(plan_path), None
@@ -205,7 +205,8 @@ class SolarSource:
                 fail(f"{plan_path} is a node plan (ranks of a node share one buffer through MPI): run the job "
                      f"under mpiexec or srun with {schedule.world_size} MPI ranks ({comm.Get_size()} here)")
         # device: each batch copied to the GPU in the loader's prefetch thread, on a side stream, ahead of use
-        self.loader = SolarLoader(schedule, data, comm=comm, rank=rank, pin_memory=pin_memory, device=device)
+        self.loader = SolarLoader(schedule, data, comm=comm, rank=rank, pin_memory=pin_memory, device=device,
+                                  cpus=cpus)
         self.steps_per_epoch = len(self.loader)
         self.epochs = self.loader.epochs
         self.local_batch = self.loader.schedule.local_batch
@@ -391,7 +392,10 @@ def parse_args(task: Task, doc: str, argv=None):
     p.add_argument("--max-steps", type=int, help="stop after this many training steps in total (counted from "
                                                   "the start of training, resumed steps included)")
     p.add_argument("--workers", type=int, default=1, help="baseline: DataLoader worker processes per rank")
-    p.add_argument("--threads", type=int, help="torch CPU threads per rank (default: cores / ranks per node)")
+    p.add_argument("--threads", type=int, help="torch CPU threads per rank (default: on CUDA 1; on CPU the rank's "
+                                               "cores (affinity / ranks per node) less the loader's)")
+    p.add_argument("--loader-cpus", type=int, help="cores solar's loader may keep busy assembling batches (default: "
+                                                   "on CUDA the rank's cores less one; on CPU 1)")
     p.add_argument("--cpu", action="store_true", help="train on CPU even if CUDA is available")
     p.add_argument("--checkpoint", help="checkpoint file (model, optimizer, loader position, statistics)")
     p.add_argument("--checkpoint-every", type=int, default=0, help="also save every N steps (0: epoch ends)")
@@ -406,7 +410,8 @@ def parse_args(task: Task, doc: str, argv=None):
         p.error("--resume needs --checkpoint")
     if args.valid and args.valid_split:
         p.error("give --valid or --valid-split, not both")
-    for k in ("epochs", "local_batch", "max_steps", "stats_samples", "valid_samples", "log_every"):
+    for k in ("epochs", "local_batch", "max_steps", "stats_samples", "valid_samples", "log_every", "threads",
+              "loader_cpus"):
         v = getattr(args, k)
         if v is not None and v < 1:
             p.error(f"--{k.replace('_', '-')} must be >= 1")
@@ -424,10 +429,15 @@ def parse_args(task: Task, doc: str, argv=None):
 
 
 # ----------------------------------------------------------------------------- set-up
-def default_threads(local_size: int) -> int:
-    """CPUs this process is bound to; when it may use the whole node, an equal share per rank."""
-    mine, node = len(os.sched_getaffinity(0)), os.cpu_count() or 1
-    return max(1, mine if mine < node else node // local_size)
+def split_cores(share: int, cuda: bool, threads: Optional[int], loader_cpus: Optional[int]) -> Tuple[int, int]:
+    """``(torch threads, loader cpus)`` out of the rank's ``share`` of cores, so that the two do not
+    oversubscribe them: on CUDA the model runs on the GPU (1 torch thread) and the loader gets the rest; on
+    CPU the model's kernels get the cores and the loader one.  Given values are kept."""
+    if cuda:
+        loader = loader_cpus or max(1, share - 1)
+        return threads or 1, loader
+    loader = loader_cpus or 1
+    return threads or max(1, share - loader), loader
 
 
 def ensure_plan(args, g: Group) -> str:
@@ -614,13 +624,14 @@ def train(args, task: Task, g: Group, device: torch.device, threads: int, topo):
     # ------------------------------------------------------------- data
     if args.loader == "solar":
         plan_path = ensure_plan(args, g)
-        source = SolarSource(plan_path, args.data, g.rank, pin_memory=cuda, device=device if on_device else None)
+        source = SolarSource(plan_path, args.data, g.rank, pin_memory=cuda, device=device if on_device else None,
+                             cpus=args.loader_cpus)
         if args.local_batch and args.local_batch != source.local_batch:
             fail(f"{plan_path} has local batch {source.local_batch}, not {args.local_batch}")
         epochs = args.epochs or source.epochs
         if epochs > source.epochs:
             fail(f"{plan_path} has {source.epochs} epochs, the job wants {epochs}; plan more (--replan)")
-        how = f"schedule {plan_path}, reader {source.loader.reader_name}"
+        how = f"schedule {plan_path}, reader {source.loader.reader_name}, {source.loader.cpus} assembly cpu(s)"
     elif args.loader == "baseline":
         plan_path = None
         source = BaselineSource(args.data, g, args.local_batch or 32, args.seed, args.workers, pin_memory=cuda,
@@ -683,7 +694,7 @@ def train(args, task: Task, g: Group, device: torch.device, threads: int, topo):
     net = torch.compile(ddp) if precision.compile else ddp
     n_params = sum(p.numel() for p in model.parameters())
     say(f"{task.name}: {g.size} ranks on {topo.nodes} node(s) ({topo.source or 'one process'}), "
-        f"{dist.get_backend()}, device {device}{'' if cuda else f', {threads} thread(s) per rank'}; "
+        f"{dist.get_backend()}, device {device}, {threads} torch thread(s) per rank; "
         f"model {n_params / 1e6:.3f} M parameters; {precision.describe()}")
     say(f"loader {source.kind} ({how}): {S} steps per epoch of local batch {source.local_batch}, {epochs} epochs, "
         f"stop after step {max_steps}" + (f"; held-out: {held.n} samples of {held_name}" if held else ""))
@@ -856,7 +867,8 @@ def main(task: Task, doc: str, argv=None) -> int:
         topo = init_distributed(backend=None if cuda else "gloo")
         rank = topo.rank
         device = torch.device(topo.device(cuda, torch.cuda.device_count()))
-        threads = args.threads or default_threads(topo.local_size)
+        from solar.topology import cpus_of_this_rank
+        threads, args.loader_cpus = split_cores(cpus_of_this_rank(topo), cuda, args.threads, args.loader_cpus)
         torch.set_num_threads(threads)
         train(args, task, Group(), device, threads, topo)
         dist.destroy_process_group()

@@ -197,3 +197,13 @@ def test_precision_from_arguments():
     assert step.precision_from_args(a, cpu) == step.Precision("bf16", True)
     with pytest.raises(ValueError, match="amp"):
         step.Precision("fp8")
+
+
+def test_cores_split_between_torch_and_the_loader():
+    import trainer
+    assert trainer.split_cores(16, cuda=True, threads=None, loader_cpus=None) == (1, 15)
+    assert trainer.split_cores(1, cuda=True, threads=None, loader_cpus=None) == (1, 1)
+    assert trainer.split_cores(8, cuda=False, threads=None, loader_cpus=None) == (7, 1)
+    assert trainer.split_cores(1, cuda=False, threads=None, loader_cpus=None) == (1, 1)
+    assert trainer.split_cores(8, cuda=False, threads=3, loader_cpus=2) == (3, 2)
+    assert trainer.split_cores(8, cuda=True, threads=None, loader_cpus=4) == (1, 4)
