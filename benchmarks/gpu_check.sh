@@ -14,6 +14,9 @@
 #   basics   issue 23: the examples on CUDA (both loaders, bf16), the loop fed an all-resident plan against
 #            the same loop fed one resident batch, fp32 deterministic fidelity of the two loaders, the
 #            Lightning and Accelerate variants, `solar bench --device cuda --model conv` cold
+#   cores    issue 24: the hit path of one rank (benchmarks/hit_path.py: all-resident SolarLoader with
+#            cpus 1, 4 and all but one core against a one-thread np.take of the same bytes; hit-path.json),
+#            and `solar bench --device cuda --model conv` on an all-resident plan (bench-resident.json)
 #
 # What the machine needs: python3 with torch (CUDA), h5py, numba, numpy, mpi4py; the checkout (PYTHONPATH is
 # set here).  MPICH comes as a wheel in .whl/ (GPU machines have mpi4py but no MPI library); make it here with
@@ -26,7 +29,7 @@
 set -uo pipefail
 OUT=${1:?usage: benchmarks/gpu_check.sh OUTDIR [SECTION ...]}
 shift
-SECTIONS=${*:-basics}
+SECTIONS=${*:-basics cores}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PYTHON:-python3}
 N=${SOLAR_GPU_SAMPLES:-4096}
@@ -186,10 +189,24 @@ basics() {
         --stats-samples 512 --mixed-precision "$( [ "$DEVICE" = cuda ] && echo bf16 || echo no )" "${CPU_FLAG[@]}"
 }
 
+# ------------------------------------------------------------------ issue 24: cores
+cores() {
+    local all=$(( $(nproc) - 1 ))
+    (( all < 2 )) && all=2
+    STDOUT=$OUT/hit-path.json run hit-path 90 "$PY" benchmarks/hit_path.py "$D" --batch "$B" --epochs 3 \
+        --cpus 1 4 "$all" --repeat 2 --json
+    if [ -n "$MPIEXEC" ]; then
+        STDOUT=$OUT/bench-resident.json run bench-resident 60 "$MPIEXEC" -n 1 "${SOLAR[@]}" bench "$D" -b "$B" \
+            --epochs 3 --buffer-fraction 1.0 --device "$DEVICE" --model conv --only solar --cold \
+            --schedule "$WORK/bench-resident-plan.h5" --json
+    fi
+}
+
 for s in $SECTIONS; do
     case $s in
         basics) basics ;;
-        *) say "unknown section $s (sections: basics)" ;;
+        cores) cores ;;
+        *) say "unknown section $s (sections: basics cores)" ;;
     esac
 done
 

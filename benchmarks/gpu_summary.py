@@ -110,6 +110,19 @@ def markdown(s: dict) -> str:
                   "| epoch | solar | baseline | relative difference |", "|---|---|---|---|"]
         lines += [f"| {r['epoch']} | {r['solar']:.6f} | {r['baseline']:.6f} | {r['rel_diff']:.2e} |"
                   for r in fd["epochs"]]
+    hp = s.get("hit_path")
+    if hp:
+        lines += ["", f"Hit path of one rank, all resident (benchmarks/hit_path.py, {hp['sample_bytes'] // 1024} KiB "
+                      f"samples, batch {hp['batch']}): best GB/s and ratio to a one-thread np.take of the same bytes",
+                  "", "| what | GB/s | x np.take |", "|---|---|---|"]
+        for k, v in hp["best_gbps"].items():
+            r = hp["ratio_to_np_take"].get(k)
+            lines.append(f"| {k} | {v:.2f} | {'-' if r is None else f'{r:.2f}'} |")
+    br = s.get("bench_resident")
+    if br:
+        lines += ["", "`solar bench --model conv` on an all-resident plan (f=1.0), solar: "
+                  + ", ".join(f"epoch {r['epoch']} {r['samples_per_s']:.0f} samples/s au {fmt(r['au'])}"
+                              for r in br["rows"])]
     if s["bench"]:
         b = s["bench"]
         lines += ["", f"`solar bench --device {m['device']} --model conv` cold ({b['cache']}):", "",
@@ -140,6 +153,12 @@ def main(argv=None) -> int:
         rep = json.load(open(bench))
         s["bench"] = dict(rows=bench_rows(rep), cache=rep.get("cache"), device=rep.get("device"),
                           disk_random_read_gbps=rep.get("limit_random_read_gbps"))
+    hit = os.path.join(a.outdir, "hit-path.json")
+    if os.path.exists(hit) and os.path.getsize(hit):
+        s["hit_path"] = json.load(open(hit))
+    res = os.path.join(a.outdir, "bench-resident.json")
+    if os.path.exists(res) and os.path.getsize(res):
+        s["bench_resident"] = dict(rows=bench_rows(json.load(open(res))))
     with open(os.path.join(a.outdir, "summary.json"), "w") as f:
         json.dump(s, f, indent=1)
     md = markdown(s)
