@@ -158,23 +158,53 @@ class GatherTables:
                 pass
 
     def _gather_rows(self, samples, src, local, blocks, block_class, block_slot, pools, out, classes) -> None:
-        lay = self.layout
         for c in classes:
             flat = pools.arrays[c].reshape(-1)
             slot_bytes = int(pools.class_bytes[c])
             for k, name in enumerate(self.fields):
                 dest = out[name].reshape(-1).view(np.uint8)
-                missing = _gather_field(k, c, samples, src, local, lay.sample_ptr, lay.sample_blocks,
-                                        lay.block_dataset, blocks, block_class, block_slot, flat, slot_bytes, dest,
-                                        self.ds_block_start, self.ds_ndim, self.ds_shape, self.blk_shape,
-                                        self.grid, self.grid_div, self.blk_stride, self.itemsize, self.src_ds,
-                                        self.roles, self.src_kind, self.src_wpt, self.src_window, self.src_dt,
-                                        self.out_stride, self.field_bytes)
-                if missing >= 0:
-                    raise ValueError(f"block {missing} of field {name!r} is not among the step's blocks")
-                if missing < -1:
-                    raise ValueError(f"block {-2 - missing} of field {name!r}: the piece a sample selects falls "
-                                     f"outside its slot or the batch (layout geometry disagrees with the pools)")
+                self._field(k, c, samples, src, local, blocks, block_class, block_slot, flat, slot_bytes, dest,
+                            _NO_RUNS, np.zeros(1, np.int64), False)
+
+    def _field(self, k, c, samples, src, local, blocks, block_class, block_slot, flat, slot_bytes, dest, runs,
+               count, record) -> None:
+        lay = self.layout
+        missing = _gather_field(k, c, samples, src, local, lay.sample_ptr, lay.sample_blocks,
+                                lay.block_dataset, blocks, block_class, block_slot, flat, slot_bytes, dest,
+                                self.ds_block_start, self.ds_ndim, self.ds_shape, self.blk_shape,
+                                self.grid, self.grid_div, self.blk_stride, self.itemsize, self.src_ds,
+                                self.roles, self.src_kind, self.src_wpt, self.src_window, self.src_dt,
+                                self.out_stride, self.field_bytes, runs, count, record)
+        name = self.fields[k]
+        if missing >= 0:
+            raise ValueError(f"block {missing} of field {name!r} is not among the step's blocks")
+        if missing < -1:
+            raise ValueError(f"block {-2 - missing} of field {name!r}: the piece a sample selects falls "
+                             f"outside its slot or the batch (layout geometry disagrees with the pools)")
+
+    def runs(self, samples: np.ndarray, blocks: np.ndarray, block_class: np.ndarray, block_slot: np.ndarray,
+             class_bytes) -> list:
+        """The copies :meth:`gather` would make, as ``[(class c, field k, int64[r, 3]), ...]``: each row a run of
+        ``(source byte offset in class c's flat pool, destination byte offset in field k's flat batch, bytes)``,
+        for a gather done elsewhere (on a GPU: :mod:`solar.buffer.device_pools`).  The same geometry and
+        checks as :meth:`gather` (ValueError for a block not in the step or a piece outside its slot)."""
+        samples = np.ascontiguousarray(samples, dtype=np.int64)
+        src = np.searchsorted(self.layout.source_start, samples, side="right") - 1
+        local = samples - self.layout.source_start[src]
+        out = []
+        dummy = np.zeros(0, np.uint8)
+        for c in np.unique(block_class).tolist():
+            for k in range(len(self.fields)):
+                runs, count = np.empty((max(16, samples.shape[0]), 3), np.int64), np.zeros(1, np.int64)
+                self._field(k, c, samples, src, local, blocks, block_class, block_slot, dummy,
+                            int(class_bytes[c]), dummy, runs, count, True)
+                if count[0] > runs.shape[0]:  # more runs than guessed: again with room for all of them
+                    runs, count = np.empty((int(count[0]), 3), np.int64), np.zeros(1, np.int64)
+                    self._field(k, c, samples, src, local, blocks, block_class, block_slot, dummy,
+                                int(class_bytes[c]), dummy, runs, count, True)
+                if count[0]:
+                    out.append((c, k, runs[:int(count[0])]))
+        return out
 
     def to_native(self, out: dict[str, np.ndarray]) -> None:
         """Swap the bytes of fields stored in non-native byte order, in place (lossless)."""
@@ -183,6 +213,8 @@ class GatherTables:
             if dt.itemsize > 1 and not dt.isnative:
                 out[name].byteswap(inplace=True)
 
+
+_NO_RUNS = np.zeros((0, 3), np.int64)
 
 #: Bytes below which a run of rows is not split further (a worker's hand-off costs more than copying less).
 MIN_PART_BYTES = 1 << 20
@@ -248,11 +280,38 @@ def _copy_box(pool, soff, dest, doff, m, cnt, sst, dstr, run):
 
 
 @njit(nogil=True, cache=True)
+def _record_box(runs, nrun, soff, doff, m, cnt, sst, dstr, run):
+    """:func:`_copy_box`'s runs written into ``runs`` rows ``(source, destination, bytes)`` from row ``nrun``
+    on (rows past its end only counted); returns the new count."""
+    idx = np.zeros(MAX_DIMS, np.int64)
+    while True:
+        if nrun < runs.shape[0]:
+            runs[nrun, 0] = soff
+            runs[nrun, 1] = doff
+            runs[nrun, 2] = run
+        nrun += 1
+        a = m - 1
+        while a >= 0:
+            idx[a] += 1
+            soff += sst[a]
+            doff += dstr[a]
+            if idx[a] < cnt[a]:
+                break
+            soff -= sst[a] * cnt[a]
+            doff -= dstr[a] * cnt[a]
+            idx[a] = 0
+            a -= 1
+        if a < 0:
+            return nrun
+
+
+@njit(nogil=True, cache=True)
 def _gather_field(k, c, samples, src, local, sample_ptr, sample_blocks, block_dataset, blocks, block_class,
                   block_slot, pool, slot_bytes, dest, ds_block_start, ds_ndim, ds_shape, blk_shape, grid, grid_div,
                   blk_stride, itemsize, src_ds, roles, src_kind, src_wpt, src_window, src_dt, out_stride,
-                  field_bytes):
-    """Field ``k`` of every sample, from the blocks of class ``c``.
+                  field_bytes, runs, count, record):
+    """Field ``k`` of every sample, from the blocks of class ``c``: copied into ``dest``, or with ``record``
+    the copies listed in ``runs`` (``count[0]`` of them; see :func:`_record_box`), nothing copied.
 
     Returns -1; or a block id >= 0 that is not in ``blocks``; or -2 - block id for a piece
     whose bytes would fall outside its slot or its sample's field (nothing of it copied).
@@ -314,5 +373,8 @@ def _gather_field(k, c, samples, src, local, sample_ptr, sample_blocks, block_da
                 d_end += (cnt[a] - 1) * dstr[a]
             if s_end > (block_slot[j] + 1) * slot_bytes or d_end > (i + 1) * field_bytes[k]:
                 return -2 - b  # geometry outside the block's slot or the sample's field: never copied
-            _copy_box(pool, soff, dest, doff, m, cnt, sst, dstr, run)
+            if record:
+                count[0] = _record_box(runs, count[0], soff, doff, m, cnt, sst, dstr, run)
+            else:
+                _copy_box(pool, soff, dest, doff, m, cnt, sst, dstr, run)
     return -1

@@ -160,6 +160,11 @@ class BufferManager(StepQueue):
     one assembled batch (:func:`~solar.buffer.sizing.batch_bytes`; 0 when ``assemble`` makes
     nothing sizeable).  ``memory`` (a :class:`~solar.buffer.sizing.MemoryNeed`) is what the rank
     needs; when it exceeds the memory the plan was made for, the constructor raises :class:`BufferError` naming the figures, before anything is read.
+
+    ``place``: where the pools live: None, process memory; a torch device (``"cuda"``, or ``"cpu"`` standing in
+    for one in tests), :class:`~solar.buffer.device_pools.DevicePools` there: misses are read into host staging
+    rows and copied to their slots once read (before the step is assembled), and ``assemble`` gets the step's
+    blocks on the device (its ``lookup.pools.on_device`` is True).
     """
 
     KEEP_STEP_STATS = 1024  # ~376 B each
@@ -169,7 +174,7 @@ class BufferManager(StepQueue):
     def __init__(self, rank_plan, demand: Dict[str, np.ndarray], reader, assemble: Callable[..., Any], *,
                  budget: int, prefetch: int = DEFAULT_PREFETCH, start: int = 0, stop: Optional[int] = None,
                  keep_step_stats: int = KEEP_STEP_STATS, verify: bool = True, fence: Optional[int] = None,
-                 io_depth: int = 4, batch_bytes: int = 0):
+                 io_depth: int = 4, batch_bytes: int = 0, place=None):
         if prefetch < 1:
             raise BufferError(f"prefetch must be >= 1 step, got {prefetch}")
         self.plan, self.reader, self.assemble = rank_plan, reader, assemble
@@ -190,7 +195,11 @@ class BufferManager(StepQueue):
         self.memory, slots, self.class_of, class_bytes = rank_memory(
             rank_plan, demand, budget=self.budget, batch_bytes=batch_bytes, prefetch=self.prefetch,
             io_depth=self.io_depth)
-        self.pools = SlotPools(class_bytes, slots)
+        if place is None:
+            self.pools = SlotPools(class_bytes, slots)
+        else:
+            from .device_pools import DevicePools
+            self.pools = DevicePools(class_bytes, slots, place)
         self.slot_of = np.full(self.block_nbytes.shape[0], -1, dtype=np.int64)
         # blocks the plan holds resident at a resume but evicts before using them again: never read (warmup.py)
         self._ghost = np.zeros(self.block_nbytes.shape[0], dtype=bool)
@@ -298,18 +307,28 @@ class BufferManager(StepQueue):
                                    sample_blocks=self.sample_blocks, n_blocks=B)
         self._ghost[blocks[~need]] = True
         blocks = blocks[need]
+        views, pending = self._alloc(blocks)
         self.warmup = {"blocks": int(blocks.shape[0]), "skipped": int((~need).sum()),
-                       "bytes_read": int(self.reader.read_blocks(blocks, self._alloc(blocks)).bytes_read)}
+                       "bytes_read": int(self.reader.read_blocks(blocks, views).bytes_read)}
+        self._commit(pending)
 
-    def _alloc(self, blocks: np.ndarray) -> list:
+    def _alloc(self, blocks: np.ndarray):
         """Slots for ``blocks`` (distinct, not resident; all or nothing: MemoryError leaves
-        nothing allocated); returns their uint8 views, ``block_nbytes`` long, for the reader."""
+        nothing allocated); returns ``(views, pending)``: uint8 views, ``block_nbytes`` long, for the reader
+        (the slots themselves; host staging rows for device pools), and what :meth:`_commit` copies into the
+        device slots once the reads are done (None in process memory)."""
         cls = self.class_of[blocks]
         slots = self.pools.alloc_many(cls)
         self.slot_of[blocks] = slots
+        if getattr(self.pools, "on_device", False):
+            return self.pools.stage(cls, slots, self.block_nbytes[blocks])
         arrays, nb, cb = self.pools.arrays, self.block_nbytes[blocks].tolist(), self.pools.class_bytes
         return [arrays[c][i] if n == cb[c] else arrays[c][i][:n]
-                for c, i, n in zip(cls.tolist(), slots.tolist(), nb)]
+                for c, i, n in zip(cls.tolist(), slots.tolist(), nb)], None
+
+    def _commit(self, pending) -> None:
+        if pending:
+            self.pools.commit(pending)
 
     def _step_blocks(self, samples: np.ndarray) -> np.ndarray:
         return step_blocks(self.sample_ptr, self.sample_blocks, samples)
@@ -340,7 +359,7 @@ class BufferManager(StepQueue):
         _check_distinct(g, load, "loads")
         while True:  # pools full: finish in-flight steps (their held slots come free); none left: it fits
             try:
-                views = self._alloc(load)
+                views, pending = self._alloc(load)
                 break
             except MemoryError:
                 if not inflight:
@@ -364,13 +383,14 @@ class BufferManager(StepQueue):
         blocks = StepBlocks(g, need, self.class_of[need].astype(np.int64), slot, self.pools, self.block_nbytes, extra)
         t0 = time.perf_counter()
         fut = io.submit(self.reader.read_blocks, load, views)
-        return g, fut, samples, blocks, st, t0
+        return g, fut, samples, blocks, st, t0, pending
 
     def _finish(self, item):
-        g, fut, samples, blocks, st, t0 = item
+        g, fut, samples, blocks, st, t0, pending = item
         rs = fut.result()
         st.read_s = time.perf_counter() - t0
         st.bytes_read, st.n_reads = rs.bytes_read, rs.n_reads
+        self._commit(pending)  # device pools: the step's misses into their slots, queued before its gather
         t1 = time.perf_counter()
         out = self.assemble(g, samples, blocks)
         st.assemble_s = time.perf_counter() - t1

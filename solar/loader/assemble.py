@@ -77,6 +77,13 @@ class BatchAssembler:
 
     def __call__(self, step: int, samples: np.ndarray, lookup: Callable[[int], np.ndarray]) -> Dict[str, object]:
         n = int(samples.shape[0])
+        pools = getattr(lookup, "pools", None)
+        if getattr(pools, "on_device", False):  # the blocks live on a device: the batch is gathered there
+            if not self.gather:
+                from ..errors import SpecError
+                raise SpecError(f"a buffer on a device needs the gather path, which this layout cannot take "
+                                f"({self.tables.why or 'gather=False'})")
+            return pools.gather(self.tables, samples, lookup, n, self.shapes, self.dtypes)
         if self.uniform:
             out = self._empty_batch(n)
         else:

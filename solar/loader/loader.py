@@ -78,6 +78,13 @@ class SolarLoader:
     line (hit rate, samples/s, stall) goes to ``logging.getLogger("solar.loader")``;
     ``loader.epoch_log.last`` holds its numbers.
 
+    ``buffer_device``: the buffer's pools on that torch device (``"cuda"``: GPU memory; the plan's budget is
+    then the device's), :mod:`solar.buffer.device_pools`: each miss is read into host staging and crosses to
+    the device once, decoded; a batch is gathered on the device from the resident blocks, so a hit costs
+    device memory bandwidth instead of a host copy and a PCIe transfer.  The batches are bit for bit the host
+    path's, their ``index`` on the host.  Per-rank plans only (not node plans), without ``transform``,
+    ``sample_transform`` or ``device`` (the batches are on ``buffer_device`` already).
+
     ``cpus``: the cores the loader may keep busy for batch assembly (default: this rank's share, its CPU
     affinity divided by the ranks on its node, :func:`solar.topology.cpus_of_this_rank`); ``threads`` stays
     the reader's I/O depth (requests in flight).
@@ -114,7 +121,8 @@ class SolarLoader:
                  fields: Optional[Sequence[str]] = None, transform: Optional[Callable[[dict], dict]] = None,
                  sample_transform: Optional[Callable[[dict], dict]] = None,
                  device: Union[str, "torch.device", None] = None,
-                 verify_data: str = "fast", verify_scope: str = "job", cpus: Optional[int] = None) -> None:
+                 verify_data: str = "fast", verify_scope: str = "job", cpus: Optional[int] = None,
+                 buffer_device: Union[str, "torch.device", None] = None) -> None:
         from ..io import default_reader_name, get_reader
         from ..schedule.verify import check_mode
         if not isinstance(abort_on_error, bool):
@@ -164,6 +172,8 @@ class SolarLoader:
                 self.rank_plan = self.schedule.node_plan(self.rank)
                 self.memory = node_rank_memory(self.rank_plan, self.demand, self.schedule.buffer_bytes,
                                                self.batch_bytes, prefetch)
+            self.buffer_device = _check_buffer_device(buffer_device, self.nodes, as_torch, device, transform,
+                                                      sample_transform)
             if cpus is None:  # the rank's share of the cores it may run on (affinity / ranks on the node)
                 from ..topology import cpus_of_this_rank
                 cpus = cpus_of_this_rank()
@@ -232,6 +242,9 @@ class SolarLoader:
 
     def _assemble(self, step, samples, lookup):
         out = self.assembler(step, samples, lookup)
+        if self.buffer_device is not None:  # a DeviceBatch: handed over in __iter__, the ids on the host
+            out.host["index"] = samples
+            return out
         out["index"] = samples
         return self.hooks.produce(step, out)
 
@@ -250,7 +263,8 @@ class SolarLoader:
             return
         self.buffer = BufferManager(plan, self.demand, self.reader, self._assemble,
                                     budget=self.schedule.buffer_bytes, prefetch=self.prefetch, start=self.cursor,
-                                    verify=self.verify, fence=fence, batch_bytes=self.batch_bytes)
+                                    verify=self.verify, fence=fence, batch_bytes=self.batch_bytes,
+                                    place=self.buffer_device)
 
     def prepare(self) -> float:
         """Build the buffer now, before the first batch: its pools allocated and faulted in, this rank's plan
@@ -282,7 +296,8 @@ class SolarLoader:
         self.epoch_log.begin(self.buffer.totals)
         while self.cursor < end:
             g = self.cursor
-            out = self.hooks.consume(self.buffer.get(g))
+            item = self.buffer.get(g)
+            out = item.hand_over() if self.buffer_device is not None else self.hooks.consume(item)
             self.cursor = g + 1
             out["weight"] = self._weight(g, len(out["index"]))
             yield self._to_torch(out) if self.as_torch else out
@@ -397,6 +412,23 @@ class SolarLoader:
             if not (isinstance(exc, SystemExit) and not exc.code):
                 report_and_abort(self.comm, exc)
         self.close()
+
+
+def _check_buffer_device(buffer_device, nodes, as_torch, device, transform, sample_transform):
+    """``buffer_device`` as a torch device (None: the buffer in process memory); SpecError for what it cannot
+    be combined with."""
+    if buffer_device is None:
+        return None
+    from ..buffer.device_pools import torch_device
+    dev = torch_device(buffer_device)
+    why = ("a node plan (its ranks share one buffer in node memory)" if nodes is not None else
+           "as_torch=False (batches on a device are torch tensors)" if not as_torch else
+           "device= (the batches are on buffer_device already)" if device is not None else
+           "transform= / sample_transform= (not run on a device buffer's batches yet)"
+           if transform is not None or sample_transform is not None else None)
+    if why:
+        raise SpecError(f"buffer_device={buffer_device!r} cannot be used with {why}")
+    return dev
 
 
 def _read_layout(schedule: Schedule, data):

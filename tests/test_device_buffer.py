@@ -1,0 +1,204 @@
+"""The buffer's pools on a device (``SolarLoader(buffer_device=...)``, :mod:`solar.buffer.device_pools`), with the
+CPU standing in for the GPU: misses staged on the host and copied into device slots, batches gathered there by
+torch indexing.  Every batch must be bit for bit the host path's (every preset and storage, evictions, a resume,
+blocks the plan wrongly calls hits), and what cannot run on a device buffer is refused by name."""
+import numpy as np
+import pytest
+import torch
+from helpers import SMALL, STORAGES, make_dataset
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import solar
+from solar.buffer import SlotPools, StepBlocks, size_classes
+from solar.buffer.device_pools import DevicePools, copy_runs
+from solar.loader import BatchAssembler, SolarLoader
+from solar.schedule import RankPlan
+from solar.scheduler.run import BufferTooSmall
+
+CASES = [(p, s) for p in SMALL for s in STORAGES]
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.uint8) if t.dtype != torch.bool else t
+
+
+def _same(x: dict, y: dict, where=""):
+    assert list(x) == list(y), where
+    for k in x:
+        if torch.is_tensor(x[k]):
+            assert x[k].dtype == y[k].dtype and x[k].shape == y[k].shape, (where, k)
+            assert torch.equal(_bits(x[k]), _bits(y[k])), (where, k)
+        else:
+            assert np.array_equal(np.asarray(x[k]), np.asarray(y[k])), (where, k)
+
+
+def _plan(data, path, **kw):
+    """A 1-rank plan at the smallest of these fractions the data allows (evictions where it can)."""
+    for f in (0.5, 0.8, 1.0):
+        try:
+            return solar.plan(data, world_size=1, local_batch=3, epochs=3, buffer_fraction=f, out=path, **kw).close()
+        except BufferTooSmall:
+            continue
+    raise AssertionError("no fraction planned")
+
+
+def _epochs(loader, epochs=3):
+    out = []
+    for e in range(epochs):
+        loader.set_epoch(e)
+        out += list(loader)
+    return out
+
+
+@pytest.mark.parametrize("preset,storage", CASES, ids=[f"{p}-{s}" for p, s in CASES])
+def test_device_buffer_gives_the_host_paths_batches(tmp_path, preset, storage):
+    data = make_dataset(tmp_path, preset, storage)
+    path = str(tmp_path / "plan.h5")
+    _plan(data, path)
+    with SolarLoader(path, data, cpus=1) as host, SolarLoader(path, data, cpus=1, buffer_device="cpu") as dev:
+        a, b = _epochs(host), _epochs(dev)
+        assert len(a) == len(b) > 0
+        for i, (x, y) in enumerate(zip(a, b)):
+            _same(x, y, f"step {i}")
+            assert isinstance(y["index"], torch.Tensor) and y["index"].device.type == "cpu"
+        hs, ds = host.stats(), dev.stats()
+        for k in ("hits", "misses", "bytes_loaded", "plan_violations"):
+            assert hs[k] == ds[k], k
+        from solar.buffer.device_pools import DevicePools
+        assert isinstance(dev.buffer.pools, DevicePools) and not isinstance(host.buffer.pools, DevicePools)
+
+
+def test_resume_on_a_device_buffer(tmp_path):
+    """A state taken mid-epoch, loaded into a device-buffer loader: its warm-up reads go through the staging rows
+    too, and the batches from there on are the uninterrupted host run's."""
+    data = make_dataset(tmp_path, "ptychonn", "chunked", samples=30)
+    path = str(tmp_path / "plan.h5")
+    solar.plan(data, world_size=2, local_batch=3, epochs=3, buffer_fraction=0.4, out=path).close()
+    with SolarLoader(path, data, rank=1, cpus=1) as full:
+        ref = _epochs(full)
+    with SolarLoader(path, data, rank=1, cpus=1, buffer_device="cpu") as a:
+        a.set_epoch(0)
+        it = iter(a)
+        first = [next(it) for _ in range(4)]
+        state = a.state_dict()
+    with SolarLoader(path, data, rank=1, cpus=1, buffer_device="cpu") as b:
+        b.load_state_dict(state)
+        rest = list(b) + [x for e in (1, 2) for x in (b.set_epoch(e), list(b))[1]]
+        assert b.buffer.warmup["blocks"] > 0 and b.stats()["plan_violations"] == 0
+    got = first + rest
+    assert len(got) == len(ref)
+    for i, (x, y) in enumerate(zip(got, ref)):
+        _same(x, y, f"step {i}")
+
+
+def test_a_block_the_plan_wrongly_calls_a_hit_is_read_and_gathered_right(tmp_path):
+    data = make_dataset(tmp_path, "ptychonn", "contiguous", samples=12)
+    layout = solar.load_layout(data)
+    sched = solar.plan(layout, world_size=1, local_batch=4, epochs=1, buffer_fraction=1.5)
+    arrays = sched.rank(0).arrays()
+    arrays["load"] = arrays["load"][1:]  # the plan now calls the first block a hit
+    arrays["load_count"] = arrays["load_count"].copy()
+    arrays["load_count"][0] -= 1
+    out = {}
+    for dev in (None, "cpu"):
+        loader = SolarLoader(sched, layout, rank=0, cpus=1, buffer_device=dev)
+        loader.rank_plan = RankPlan(0, arrays)
+        out[dev] = list(loader)
+        assert loader.stats()["plan_violations"] >= 1
+        loader.close()
+    for x, y in zip(out[None], out["cpu"]):
+        _same(x, y)
+
+
+@pytest.mark.parametrize("preset,storage", CASES, ids=[f"{p}-{s}" for p, s in CASES])
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_device_gather_equals_host_gather(tmp_path_factory, preset, storage, data):
+    """One step's blocks at random slots, in host pools and in device pools holding the same bytes: the device
+    gather (runs listed on the host, copied by torch indexing) equals the host gather bit for bit."""
+    key = f"{preset}-{storage}"
+    cache = test_device_gather_equals_host_gather.__dict__.setdefault("cache", {})
+    if key not in cache:
+        layout = solar.load_layout(make_dataset(tmp_path_factory.mktemp("g"), preset, storage))
+        outs = [np.empty(int(n), np.uint8) for n in layout.block_nbytes]
+        with solar.io.get_reader("pread", layout, threads=1) as r:
+            r.read_blocks(np.arange(layout.n_blocks), outs)
+        cache[key] = (layout, outs)
+    layout, outs = cache[key]
+    n = data.draw(st.integers(1, layout.n_samples), label="batch")
+    samples = np.array(data.draw(st.permutations(range(layout.n_samples)))[:n], dtype=np.int64)
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**31), label="seed"))
+    need = np.unique(np.concatenate([layout.blocks_of(int(s)) for s in samples]))
+    class_of, class_bytes = size_classes(layout.block_nbytes)
+    cls = class_of[need].astype(np.int64)
+    slots = np.bincount(cls, minlength=class_bytes.shape[0]) + 3
+    host, dev = SlotPools(class_bytes, slots), DevicePools(class_bytes, slots, "cpu")
+    for c in range(class_bytes.shape[0]):
+        host.stack[c][:] = rng.permutation(host.stack[c])
+        dev.stack[c][:] = host.stack[c]
+    slot = host.alloc_many(cls)
+    assert np.array_equal(dev.alloc_many(cls), slot)
+    views, pending = dev.stage(cls, slot, layout.block_nbytes[need])
+    for b, c, i, v in zip(need.tolist(), cls.tolist(), slot.tolist(), views):
+        host.view(c, i)[:outs[b].shape[0]] = outs[b]
+        v[:] = outs[b]
+    dev.commit(pending)
+    asm = BatchAssembler(layout)
+    assert asm.gather, asm.tables.why
+    ref = asm(0, samples, StepBlocks(0, need, cls, slot, host, layout.block_nbytes, {}))
+    got = asm(0, samples, StepBlocks(0, need, cls, slot, dev, layout.block_nbytes, {})).hand_over()
+    _same({k: torch.from_numpy(v) for k, v in ref.items()}, got)
+
+
+def test_copy_runs_aligned_and_unaligned():
+    src = torch.arange(64, dtype=torch.uint8)
+    dst = torch.zeros(24, dtype=torch.uint8)
+    runs = np.array([[10, 0, 4], [40, 4, 4], [3, 8, 4],       # starts at multiples of 4: rows of 4
+                     [20, 13, 3], [50, 18, 3], [60, 21, 2]],  # unaligned: byte indices
+                    dtype=np.int64)
+    copy_runs(src, dst, runs, lambda v: torch.from_numpy(np.asarray(v, np.int64)))
+    want = np.zeros(24, np.uint8)
+    for s, d, n in runs.tolist():
+        want[d:d + n] = np.arange(64, dtype=np.uint8)[s:s + n]
+    assert np.array_equal(dst.numpy(), want)
+
+
+def test_big_endian_fields_come_out_native_from_a_device_buffer(tmp_path):
+    import h5py
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((11, 5)).astype(">f8")
+    y = rng.integers(-9, 9, 11).astype(">i2")
+    with h5py.File(tmp_path / "a.h5", "w") as f:
+        f.create_dataset("x", data=x, chunks=(3, 2))
+        f.create_dataset("y", data=y, chunks=(3,))
+    spec = solar.LayoutSpec("rows", ("a.h5",), ("x", "y"), root=str(tmp_path))
+    layout = solar.build_layout(spec)
+    sched = solar.plan(layout, world_size=1, local_batch=4, epochs=2, buffer_fraction=1.0)
+    with SolarLoader(sched, layout, rank=0, cpus=1, buffer_device="cpu") as loader:
+        for e in range(2):
+            loader.set_epoch(e)
+            for b in loader:
+                idx = b["index"].numpy()
+                assert b["x"].dtype == torch.float64 and np.array_equal(b["x"].numpy(), x[idx].astype("f8"))
+                assert np.array_equal(b["y"].numpy(), y[idx].astype("i2"))
+
+
+def test_what_a_device_buffer_refuses(tmp_path):
+    from solar.loader.loader import _check_buffer_device
+    assert _check_buffer_device(None, None, True, None, None, None) is None
+    assert _check_buffer_device("cpu", None, True, None, None, None) == torch.device("cpu")
+    for kw, why in ((dict(nodes=object()), "node plan"), (dict(as_torch=False), "as_torch=False"),
+                    (dict(device="cpu"), "device="), (dict(transform=lambda b: b), "transform=")):
+        args = {**dict(nodes=None, as_torch=True, device=None, transform=None, sample_transform=None), **kw}
+        with pytest.raises(solar.SpecError, match=why):
+            _check_buffer_device("cpu", args["nodes"], args["as_torch"], args["device"], args["transform"],
+                                 args["sample_transform"])
+    data = make_dataset(tmp_path, "ptychonn", "contiguous", samples=8)
+    path = str(tmp_path / "plan.h5")
+    solar.plan(data, world_size=1, local_batch=2, epochs=1, buffer_fraction=1.0, out=path).close()
+    with pytest.raises(solar.SpecError, match="is not a torch device"):
+        SolarLoader(path, data, buffer_device="gpu7")
+    if not torch.cuda.is_available():
+        with pytest.raises(solar.SpecError, match="CUDA is not available"):
+            SolarLoader(path, data, buffer_device="cuda")
