@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # One prepared check of solar on a GPU machine with no network, in about 5 minutes on 16 cores.
 #
-#   benchmarks/gpu_check.sh OUTDIR [SECTION ...]      (sections: basics; default all)
+#   benchmarks/gpu_check.sh OUTDIR [SECTION ...]      (sections: basics, cores; default both)
 #
 # It generates the data, trains the examples on CUDA, runs `solar bench --device cuda` cold, and writes
 # into OUTDIR (what comes back from such a machine: 8 files at most, so few and named):
 #   summary.md    the short table (also printed at the end), the GPU and the commands
 #   summary.json  every figure of the summary
-#   bench-*.json  `solar bench --json` reports
+#   bench-*.json  `solar bench --json` reports (bench-conv, bench-resident)
+#   hit-path.json, device-buffer.json   the cores section's benchmarks
 #   check.log     every step's command, output, exit status and seconds
 #   train.jsonl   the examples' --log-json records, each tagged with its run
 # Sections (one per issue that measures on a GPU; each appends to the files above):
@@ -16,7 +17,9 @@
 #            Lightning and Accelerate variants, `solar bench --device cuda --model conv` cold
 #   cores    issue 24: the hit path of one rank (benchmarks/hit_path.py: all-resident SolarLoader with
 #            cpus 1, 4 and all but one core against a one-thread np.take of the same bytes; hit-path.json),
-#            and `solar bench --device cuda --model conv` on an all-resident plan (bench-resident.json)
+#            `solar bench --device cuda --model conv` on an all-resident plan (bench-resident.json), and the
+#            device buffer tier against the host buffer (benchmarks/device_buffer_check.py: the same batches,
+#            and each tier's samples/s to the GPU at f=1.0 and 0.5; device-buffer.json)
 #
 # What the machine needs: python3 with torch (CUDA), h5py, numba, numpy, mpi4py; the checkout (PYTHONPATH is
 # set here).  MPICH comes as a wheel in .whl/ (GPU machines have mpi4py but no MPI library); make it here with
@@ -200,6 +203,8 @@ cores() {
             --epochs 3 --buffer-fraction 1.0 --device "$DEVICE" --model conv --only solar --cold \
             --schedule "$WORK/bench-resident-plan.h5" --json
     fi
+    STDOUT=$OUT/device-buffer.json run device-buffer 90 "$PY" benchmarks/device_buffer_check.py "$D" --batch "$B" \
+        --epochs 3 --fractions 1.0 0.5 --device "$DEVICE" --json
 }
 
 for s in $SECTIONS; do

@@ -123,6 +123,15 @@ def markdown(s: dict) -> str:
         lines += ["", "`solar bench --model conv` on an all-resident plan (f=1.0), solar: "
                   + ", ".join(f"epoch {r['epoch']} {r['samples_per_s']:.0f} samples/s au {fmt(r['au'])}"
                               for r in br["rows"])]
+    db = s.get("device_buffer")
+    if db:
+        lines += ["", "Device buffer tier vs host buffer (benchmarks/device_buffer_check.py, bare loop to the device, "
+                      "epoch 0 cold):", "", "| f | equal steps (different) | host GB/s per epoch | device GB/s per epoch |",
+                  "|---|---|---|---|"]
+        for r in db["runs"]:
+            lines.append(f"| {r['buffer_fraction']} | {r['equality']['steps']} ({r['equality']['different']}) | "
+                         + ", ".join(f"{x['gbps']:.2f}" for x in r["host"]) + " | "
+                         + ", ".join(f"{x['gbps']:.2f}" for x in r["device"]) + " |")
     if s["bench"]:
         b = s["bench"]
         lines += ["", f"`solar bench --device {m['device']} --model conv` cold ({b['cache']}):", "",
@@ -159,6 +168,9 @@ def main(argv=None) -> int:
     res = os.path.join(a.outdir, "bench-resident.json")
     if os.path.exists(res) and os.path.getsize(res):
         s["bench_resident"] = dict(rows=bench_rows(json.load(open(res))))
+    dbp = os.path.join(a.outdir, "device-buffer.json")
+    if os.path.exists(dbp) and os.path.getsize(dbp):
+        s["device_buffer"] = json.load(open(dbp))
     with open(os.path.join(a.outdir, "summary.json"), "w") as f:
         json.dump(s, f, indent=1)
     md = markdown(s)
