@@ -202,3 +202,17 @@ def test_what_a_device_buffer_refuses(tmp_path):
     if not torch.cuda.is_available():
         with pytest.raises(solar.SpecError, match="CUDA is not available"):
             SolarLoader(path, data, buffer_device="cuda")
+
+
+def test_a_layout_the_gather_cannot_take_is_refused_at_start(tmp_path):
+    """Samples of different shapes (a `whole` layout over uneven files) take the per-block path on the host: a
+    device buffer says so when the loader is built, not at the first batch."""
+    import h5py
+    for i, n in enumerate((3, 5)):
+        with h5py.File(tmp_path / f"f{i}.h5", "w") as f:
+            f.create_dataset("x", data=np.arange(n * 2, dtype="f4").reshape(n, 2))
+    spec = solar.LayoutSpec("whole", ("f0.h5", "f1.h5"), ("x",), root=str(tmp_path))
+    layout = solar.build_layout(spec)
+    sched = solar.plan(layout, world_size=1, local_batch=1, epochs=1, buffer_fraction=1.0)
+    with pytest.raises(solar.SpecError, match="cannot be gathered on a device .*samples differ in shape"):
+        SolarLoader(sched, layout, rank=0, buffer_device="cpu")

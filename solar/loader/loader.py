@@ -179,6 +179,9 @@ class SolarLoader:
                 cpus = cpus_of_this_rank()
             self.cpus = cpus
             self.assembler = BatchAssembler(self.layout, pin_memory=pin_memory, fields=fields, cpus=cpus)
+            if self.buffer_device is not None and not self.assembler.gather:
+                raise SpecError(f"buffer_device={buffer_device!r}: batches of this layout cannot be gathered on a "
+                                f"device ({self.assembler.tables.why}); leave the buffer in process memory")
             self.hooks = BatchHooks(transform, sample_transform, device, as_torch, to_torch=self._to_torch)
             bind_layout(self.layout, transform, sample_transform)
             self.reader_name = reader or default_reader_name(self.layout, comm)
