@@ -259,33 +259,15 @@ def _memcpy(typingctx, dest, doff, src, soff, n):
 
 
 @njit(nogil=True, cache=True)
-def _copy_box(pool, soff, dest, doff, m, cnt, sst, dstr, run):
-    """Copy a box of ``m`` axes (counts ``cnt``, byte strides ``sst``/``dstr``) of ``run``-byte runs."""
+def _box(pool, soff, dest, doff, m, cnt, sst, dstr, run, runs, nrun, record):
+    """The ``run``-byte runs of a box of ``m`` axes (counts ``cnt``, byte strides ``sst``/``dstr``): copied from
+    ``pool`` into ``dest``, or with ``record`` written into ``runs`` rows ``(source, destination, bytes)`` from
+    row ``nrun`` on (rows past its end only counted), nothing copied.  Returns the new row count."""
     idx = np.zeros(MAX_DIMS, np.int64)
     while True:
-        _memcpy(dest, doff, pool, soff, run)
-        a = m - 1
-        while a >= 0:
-            idx[a] += 1
-            soff += sst[a]
-            doff += dstr[a]
-            if idx[a] < cnt[a]:
-                break
-            soff -= sst[a] * cnt[a]
-            doff -= dstr[a] * cnt[a]
-            idx[a] = 0
-            a -= 1
-        if a < 0:
-            return
-
-
-@njit(nogil=True, cache=True)
-def _record_box(runs, nrun, soff, doff, m, cnt, sst, dstr, run):
-    """:func:`_copy_box`'s runs written into ``runs`` rows ``(source, destination, bytes)`` from row ``nrun``
-    on (rows past its end only counted); returns the new count."""
-    idx = np.zeros(MAX_DIMS, np.int64)
-    while True:
-        if nrun < runs.shape[0]:
+        if not record:
+            _memcpy(dest, doff, pool, soff, run)
+        elif nrun < runs.shape[0]:
             runs[nrun, 0] = soff
             runs[nrun, 1] = doff
             runs[nrun, 2] = run
@@ -311,7 +293,7 @@ def _gather_field(k, c, samples, src, local, sample_ptr, sample_blocks, block_da
                   blk_stride, itemsize, src_ds, roles, src_kind, src_wpt, src_window, src_dt, out_stride,
                   field_bytes, runs, count, record):
     """Field ``k`` of every sample, from the blocks of class ``c``: copied into ``dest``, or with ``record``
-    the copies listed in ``runs`` (``count[0]`` of them; see :func:`_record_box`), nothing copied.
+    the copies listed in ``runs`` (``count[0]`` of them; see :func:`_box`), nothing copied.
 
     Returns -1; or a block id >= 0 that is not in ``blocks``; or -2 - block id for a piece
     whose bytes would fall outside its slot or its sample's field (nothing of it copied).
@@ -373,8 +355,5 @@ def _gather_field(k, c, samples, src, local, sample_ptr, sample_blocks, block_da
                 d_end += (cnt[a] - 1) * dstr[a]
             if s_end > (block_slot[j] + 1) * slot_bytes or d_end > (i + 1) * field_bytes[k]:
                 return -2 - b  # geometry outside the block's slot or the sample's field: never copied
-            if record:
-                count[0] = _record_box(runs, count[0], soff, doff, m, cnt, sst, dstr, run)
-            else:
-                _copy_box(pool, soff, dest, doff, m, cnt, sst, dstr, run)
+            count[0] = _box(pool, soff, dest, doff, m, cnt, sst, dstr, run, runs, count[0], record)
     return -1
