@@ -31,6 +31,10 @@ from typing import List, Optional, Set
 ABORT_GRACE_S = 0.5
 """Seconds between printing the error and ``MPI_Abort`` (lets the launcher forward the message)."""
 
+AGREE_S = 2.0
+"""Seconds a rank that raised a :class:`~solar.errors.SolarError` inside :func:`abort_on_error` waits for every
+other rank to raise one too (then no rank is left waiting, and none is aborted) before it aborts the job."""
+
 
 def _describe(exc: BaseException, rank: int, prefix: str, size: int) -> str:
     """What the aborting rank prints: ``"<prefix>: error on rank R: <cause>"`` (one line for a SolarError, with
@@ -45,16 +49,16 @@ def _describe(exc: BaseException, rank: int, prefix: str, size: int) -> str:
     return f"{head}{prefix}: error on rank {rank}: {cause}\n{prefix}: aborting all {size} ranks\n"
 
 
-def report_and_abort(comm, exc: BaseException, prefix: str = "solar") -> None:
+def report_and_abort(comm, exc: BaseException, prefix: str = "solar", status: Optional[int] = None) -> None:
     """Print ``exc`` once (with this rank) to stderr and ``comm.Abort(status)``: every rank of the job ends.
 
-    The status is 143 after SIGTERM (:class:`~solar.errors.Terminated`), 130 after Ctrl-C, 1 otherwise; the
-    launcher exits with it.  Before the abort, the job's leftovers on this node are removed
+    The status is 143 after SIGTERM (:class:`~solar.errors.Terminated`), 130 after Ctrl-C, else ``status``
+    (default 1); the launcher exits with it.  Before the abort, the job's leftovers on this node are removed
     (:func:`release_node_leftovers`).  MPICH's ``MPI_Abort`` returns to the caller (the process manager then
     kills the job), so this process exits with the status right after, instead of running on.
     """
     from .errors import exit_status
-    status = exit_status(exc)
+    status = exit_status(exc) if status is None or isinstance(exc, KeyboardInterrupt) else int(status)
     _ignore_signals()  # a second Ctrl-C or SIGTERM must not interrupt the abort
     sys.stderr.write(_describe(exc, comm.Get_rank(), prefix, comm.Get_size()))
     sys.stderr.flush()
@@ -180,20 +184,71 @@ def _ends_quietly(exc: BaseException) -> bool:
 
 
 @contextlib.contextmanager
-def abort_on_error(comm=None, prefix: str = "solar"):
+def abort_on_error(comm=None, prefix: str = "solar", user_error_status: Optional[int] = None):
     """Run the body; on an exception print it once (with the rank) and, when ``comm``
     has more than one rank, abort it (:func:`report_and_abort`: status 1, 143 after SIGTERM, 130 after
     Ctrl-C) so every rank ends now.
 
+    A :class:`~solar.errors.SolarError` that every rank raises (a bad option or input that each rank checks,
+    or rank 0's failure that :func:`root_call`, :func:`leader_call` or :func:`agree` hand to every rank)
+    leaves no rank waiting, so nothing is aborted: with ``user_error_status`` None it propagates on every
+    rank, as with one rank; with a status (the CLI's 2) rank 0 prints ``"<prefix>: error: <message>"`` (a
+    rank whose message differs prints its own, ``"<prefix>: error on rank R: <message>"``) and every rank
+    exits with that status (``SystemExit``).  The ranks count as failing together when each of them reaches
+    this point within :data:`AGREE_S` seconds (matched on a duplicate of ``comm`` made on entry, never
+    against the body's own collectives); a SolarError on some ranks only aborts the job, with
+    ``user_error_status`` (or 1).  Collective on entry (``comm.Dup``) when ``comm`` has more than one rank.
+
     With one rank (or no comm) the exception propagates normally.
     """
+    size = comm.Get_size() if comm is not None else 1
+    side = comm.Dup() if size > 1 else None  # where failing ranks meet: no collective of the body can match
     try:
         yield
-    except BaseException as exc:  # noqa: BLE001 - re-raised or the job aborted
-        size = comm.Get_size() if comm is not None else 1
+    except BaseException as exc:  # noqa: BLE001 - re-raised, ended with a status, or the job aborted
         if size <= 1 or _ends_quietly(exc):
             raise
-        report_and_abort(comm, exc, prefix)
+        from .errors import SolarError
+        if isinstance(exc, SolarError):
+            messages = None
+            try:
+                messages = _fail_together(side, str(exc), AGREE_S)
+            except KeyboardInterrupt as signalled:  # SIGTERM / Ctrl-C while waiting: end the job on that
+                report_and_abort(comm, signalled, prefix)
+            if messages is not None:  # every rank failed: nobody waits, nobody is aborted
+                with contextlib.suppress(Exception):
+                    side.Free()
+                if user_error_status is None:
+                    raise
+                _end_together(comm.Get_rank(), messages, prefix, user_error_status)
+        report_and_abort(comm, exc, prefix, status=user_error_status)
+    else:
+        if side is not None:
+            side.Free()
+
+
+def _fail_together(side, message: str, wait_s: float) -> Optional[List[str]]:
+    """Every rank's ``message`` (gathered over ``side``) when every rank of ``side`` calls this within
+    ``wait_s`` seconds of the first, else None (the others are busy elsewhere: the caller aborts)."""
+    req = side.Ibarrier()
+    deadline = time.monotonic() + wait_s
+    while not req.Test():
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.002)
+    return side.allgather(message)
+
+
+def _end_together(rank: int, messages: List[str], prefix: str, status: int):
+    """Every rank failed with ``messages`` (by rank): print rank 0's once and what differs from it, then
+    ``SystemExit(status)`` on this rank."""
+    mine = messages[rank]
+    if rank == 0:
+        sys.stderr.write(f"{prefix}: error: {mine}\n")
+    elif mine != messages[0]:
+        sys.stderr.write(f"{prefix}: error on rank {rank}: {mine}\n")
+    sys.stderr.flush()
+    raise SystemExit(status)
 
 
 # ---------------------------------------------------------------- hooks

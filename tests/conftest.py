@@ -7,6 +7,22 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))  # for `import helpers`
 
 
+@pytest.fixture(scope="session", autouse=True)
+def solar_cache_dir():
+    """SOLAR_CACHE_DIR (where ``solar bench`` writes its schedules) in a temporary folder, not the user's
+    ~/.cache/solar: a test's files go with it.  Per process: under mpiexec only rank 0 writes there."""
+    import shutil
+    path = tempfile.mkdtemp(prefix="solar-cache-")
+    old = os.environ.get("SOLAR_CACHE_DIR")
+    os.environ["SOLAR_CACHE_DIR"] = path
+    yield path
+    if old is None:
+        os.environ.pop("SOLAR_CACHE_DIR", None)
+    else:
+        os.environ["SOLAR_CACHE_DIR"] = old
+    shutil.rmtree(path, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def comm():
     """MPI.COMM_WORLD: size 1 under plain pytest, 2 under `mpiexec -n 2 python -m pytest -m mpi`."""

@@ -131,7 +131,8 @@ def test_bench_equal_memory_refuses_clearly(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(memlimit, "MOUNTINFO", str(tmp_path / "no-mountinfo"))
     monkeypatch.setattr(os, "geteuid", lambda: 0)
     data = make_dataset(tmp_path, "ptychonn", "contiguous", samples=8)
-    assert main(["bench", data, "--epochs", "1", "-b", "2", "--num-workers", "0", "--equal-memory"]) == 2
+    assert main(["bench", data, "--epochs", "1", "-b", "2", "--num-workers", "0", "--equal-memory",
+                 "--no-progress"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("solar bench: error: --equal-memory: no memory cgroup")
     with pytest.raises(SystemExit) as ex:

@@ -118,6 +118,19 @@ class FakeComm:
     def allgather(self, x):  # one process plays every rank: all of them agree with it
         return [x] * self.size
 
+    def Dup(self):  # abort_on_error's side communicator: the other ranks never fail with this one
+        return FakeComm.Busy()
+
+    class Busy:
+        def Ibarrier(self):
+            return self
+
+        def Test(self):
+            return False
+
+        def Free(self):
+            pass
+
     def bcast(self, x, root=0):
         return x
 
@@ -198,6 +211,7 @@ def test_abort_on_error_exits_when_abort_returns(monkeypatch, capfd):
 
     exits = []
     monkeypatch.setattr(os, "_exit", lambda code: (exits.append(code), (_ for _ in ()).throw(SystemExit(code))))
+    monkeypatch.setattr("solar.mpi.AGREE_S", 0.05)  # the other ranks (FakeComm.Busy) never fail with it
     comm, ran_on = ReturningAbort(size=3, rank=2), []
     with pytest.raises(SystemExit):
         with abort_on_error(comm, prefix="solar bench"):

@@ -6,7 +6,10 @@ Collective over ``comm``: every rank calls :func:`bench` together.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import re
 import time
 from typing import Callable, Optional
 
@@ -16,6 +19,64 @@ from ..buffer.sizing import DEFAULT_PREFETCH
 
 #: Seconds after which a baseline's epoch is stopped and its rate taken over what it delivered.
 BASELINE_TIME_LIMIT = 120.0
+
+#: Environment variable naming the folder of solar's cached files (the bench's schedules in ``bench/``).
+CACHE_ENV = "SOLAR_CACHE_DIR"
+
+
+def cache_dir() -> str:
+    """Solar's cache folder: ``$SOLAR_CACHE_DIR``, else ``$XDG_CACHE_HOME/solar``, else ``~/.cache/solar``."""
+    if os.environ.get(CACHE_ENV):
+        return os.environ[CACHE_ENV]
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "solar")
+
+
+def bench_schedule_path(layout, name: str = "", **job) -> str:
+    """Where ``solar bench`` writes the schedule of ``layout`` planned with ``job`` (the plan's arguments) when
+    no ``schedule=`` is given: ``<cache_dir()>/bench/<data folder>-P..-b..-E..-<digest>.h5``, never next to the
+    data (which may be read-only or shared).  ``name``: the data's name in the file name (default: the folder
+    of its first file).  The digest covers the data files, their fingerprint and every planning argument, so
+    two runs share a file only when they would write the same plan."""
+    folder = os.path.join(cache_dir(), "bench")
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as exc:
+        from ..errors import WriteError
+        raise WriteError(f"cannot create the bench's schedule folder {folder} ({exc.strerror or exc}): set "
+                         f"{CACHE_ENV} to a writable folder that every node sees, or give --schedule") from None
+    files = [os.path.abspath(f) for f in layout.files]
+    key = json.dumps([files, layout.fingerprint, sorted(job.items())], default=str)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
+    data = re.sub(r"[^A-Za-z0-9._-]+", "_", name or os.path.basename(os.path.dirname(files[0]))) or "data"
+    tag = "" if job.get("ranks_per_node") is None and job.get("policy") is None else \
+        f"-{job.get('policy') or 'solar-peer'}-L{job.get('ranks_per_node') or 1}"
+    fname = f"{data}-P{job['world_size']}-b{job['local_batch']}-E{job['epochs']}{tag}-{digest}.h5"
+    return os.path.join(folder, fname)
+
+
+def check_visible(comm, schedule: str) -> None:
+    """Raise the same :class:`SolarError` on every rank when some rank cannot see the ``schedule`` rank 0
+    wrote (a cache folder on a node-local disk).  Collective over ``comm``."""
+    from ..errors import SolarError
+    from ..mpi import agree
+    agree(comm, None if os.path.isfile(schedule) else SolarError(
+        f"rank {comm.Get_rank()} cannot see the schedule {schedule} that rank 0 wrote: give --schedule (or set "
+        f"${CACHE_ENV}) in a folder every node sees"))
+
+
+def _data_name(spec) -> str:
+    """A short name of the data ``spec`` names: its folder, or the file's name without suffix."""
+    path = os.path.normpath(os.path.abspath(os.fspath(spec)))
+    if os.path.basename(path) == "solar-layout.json":
+        path = os.path.dirname(path)
+    return os.path.splitext(os.path.basename(path))[0]
+
+
+def _say(log: Optional[Callable[[str], None]], text: str) -> None:
+    """One progress line through ``log`` (the CLI's: rank 0's stderr), if any."""
+    if log is not None:
+        log(text)
 
 
 def rss_bytes() -> int:
@@ -30,7 +91,8 @@ def rss_bytes() -> int:
 def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float = 0.0, drop_cache=None,
               reader: Optional[str] = None, threads: int = 16, prefetch: int = DEFAULT_PREFETCH, progress: bool = False,
               abort_on_error: bool = True, reader_options: Optional[dict] = None,
-              probe: Optional[Callable[[], float]] = None, replay: bool = True, consume=None) -> dict:
+              probe: Optional[Callable[[], float]] = None, replay: bool = True, consume=None,
+              log: Optional[Callable[[str], None]] = None) -> dict:
     """Time SolarLoader epoch by epoch, measured as the baseline is (drop, barrier, timed loop).
 
     ``abort_on_error``: passed to SolarLoader (an error on one rank aborts the job).  ``probe``: called by
@@ -42,7 +104,8 @@ def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float
     ``consume``: a :class:`solar.bench.consume.Consumer` that each batch feeds (a training step, on its device:
     the loader then copies batches there ahead of use, ``device=``); the epoch's timer stops when the device
     has run every step, and the device-only time of the same steps is measured right after it (``au``,
-    ``gpu_wait_fraction``).  Without it, ``step_time`` seconds of sleep per step."""
+    ``gpu_wait_fraction``).  Without it, ``step_time`` seconds of sleep per step.  ``progress``: a tqdm bar per
+    epoch (rank 0); ``log``: called with one line after each epoch (where it is given: the CLI's rank 0)."""
     from ..loader import SolarLoader
     from ..mpi import sleep_barrier
     from .cache import largest_left
@@ -117,6 +180,8 @@ def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float
             seconds = max(x[0] for x in per_rank)
             total = sum(x[1] for x in per_rank)
             read = sum(x[3] for x in per_rank)
+            _say(log, f"solar epoch {e} ({e + 1} of {epochs}): {total:,} samples in {seconds:.1f} s "
+                      f"({total / seconds if seconds else 0.0:.1f} samples/s)")
             out["epochs"].append(dict(
                 epoch=e, global_samples=total, seconds=seconds, samples_per_s=total / seconds if seconds else 0.0,
                 startup_s=startup if e == 0 else 0.0,
@@ -280,8 +345,15 @@ def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fra
           memory_allowance: Optional[int] = None, disk_depth: int = 16, progress: bool = False,
           abort_on_error: bool = True, baseline_time_limit: Optional[float] = BASELINE_TIME_LIMIT,
           ranks_per_node: Optional[int] = None, policy: Optional[str] = None, peer_cost=None,
-          reader_options: Optional[dict] = None, device: str = "cpu", model: str = "none", amp: str = "auto") -> dict:
+          reader_options: Optional[dict] = None, device: str = "cpu", model: str = "none", amp: str = "auto",
+          log: Optional[Callable[[str], None]] = None) -> dict:
     """Run the comparison; returns the report (the same on every rank).
+
+    ``schedule``: the schedule file rank 0 writes (every rank must see it); default
+    :func:`bench_schedule_path`, in :func:`cache_dir` (``$SOLAR_CACHE_DIR``), never next to the data.
+    ``progress``: tqdm bars (give it on rank 0 only, where stderr is a terminal); ``log``: called with one
+    line at each stage and after each epoch of each loader (give it on rank 0 only), so a run whose stdout
+    is the JSON report still says what it is doing.
 
     ``loaders``: ``"solar"`` and/or ``"baseline"`` (every baseline in ``baselines``,
     default all of :data:`~solar.bench.baseline.BASELINES`; one that does not apply to
@@ -327,17 +399,25 @@ def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fra
 
     # 1. the plan: rank 0 builds the layout from the HDF5 metadata and writes the schedule while the others
     # sleep; every rank then takes the layout from the schedule (no rank but 0 reads HDF5 metadata)
+    t_start = time.perf_counter()
+
     def make_plan():
+        _say(log, f"reading the layout of {spec}")
         lay = load_layout(spec, progress=progress)
-        tag = "" if ranks_per_node is None and policy is None else f"-{policy or 'solar-peer'}-L{ranks_per_node or 1}"
-        path = schedule or os.path.join(os.path.dirname(os.path.abspath(lay.files[0])),
-                                        f".solar-bench-P{P}-b{local_batch}-E{epochs}{tag}.h5")
+        job = dict(world_size=P, local_batch=local_batch, epochs=epochs, buffer_fraction=buffer_fraction,
+                   buffer_per_rank=buffer_per_rank, seed=seed, policy=policy, ranks_per_node=ranks_per_node,
+                   peer_cost=None if peer_cost is None else peer_cost.to_dict())
+        path = schedule or bench_schedule_path(lay, _data_name(spec), **job)
+        _say(log, f"planning {P} rank(s) x local batch {local_batch}, {epochs} epoch(s), {lay.n_samples:,} samples")
         t0 = time.perf_counter()
         plan(lay, world_size=P, local_batch=local_batch, epochs=epochs, buffer_fraction=buffer_fraction,
              buffer_per_rank=buffer_per_rank, seed=seed, out=path, progress=progress, policy=policy,
              ranks_per_node=ranks_per_node, peer_cost=peer_cost).close()
-        return path, time.perf_counter() - t0
+        secs = time.perf_counter() - t0
+        _say(log, f"schedule written to {path} in {secs:.1f} s")
+        return path, secs
     schedule, plan_s = root_call(comm, make_plan)
+    check_visible(comm, schedule)
     from ..schedule import Schedule
     with Schedule.load(schedule) as sch:
         layout = sch.layout() if sch.has_layout else load_layout(spec)
@@ -347,6 +427,7 @@ def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fra
               "step_time_s": step_time, "cache": how, "dataset_file_bytes": sum(os.path.getsize(p) for p in paths),
               "n_samples": layout.n_samples, "plan_s": plan_s, "schedule": schedule, "model": model}
     # 2. the physical limit, cold (rank 0 alone, the others sleep)
+    _say(log, "measuring the limits: the disk's cold random and sequential reads, the cpu's decoding")
     report["disk"] = root_call(comm, lambda: measure_disk(layout, disk_depth))
     report["decode"] = root_call(comm, lambda: measure_decode(layout))  # None: nothing to decode
     # 3. the memory: unlimited, or one cgroup per node
@@ -378,16 +459,18 @@ def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fra
                      threads=threads, prefetch=prefetch, num_workers=num_workers, progress=progress,
                      abort_on_error=abort_on_error, loaders=loaders, baselines=baselines, budget=budget,
                      time_limit=baseline_time_limit, reader_options=reader_options, disk_depth=disk_depth,
-                     consume=consume)
+                     consume=consume, log=log)
     finally:
         if cg is not None:
             _leave_cgroup(cg, back, node)
         node.Free()
     # the limits again after the loaders: a shared disk (or busy cores) can change speed within minutes, and
     # the ratios use the faster of the two measurements (the stricter limit)
+    _say(log, "measuring the disk again")
     report["disk_after"] = root_call(comm, lambda: measure_disk(layout, disk_depth))
     report["decode_after"] = root_call(comm, lambda: measure_decode(layout))
     _ratios(report)
+    _say(log, f"done in {time.perf_counter() - t_start:.0f} s")
     return report
 
 
@@ -411,8 +494,9 @@ def _consumer(step, spec, layout, local_batch: int, local_rank: int):
 
 def _run_loaders(report, spec, layout, schedule, *, comm, node, cg, epochs, local_batch, seed, step_time, drop,
                  reader, threads, prefetch, num_workers, progress, abort_on_error, loaders, baselines, budget,
-                 time_limit=None, reader_options=None, disk_depth=16, consume=None):
-    """Run solar and each baseline in turn, filling ``report["solar"]``, ``["baselines"]``, ``["baseline"]``."""
+                 time_limit=None, reader_options=None, disk_depth=16, consume=None, log=None):
+    """Run solar and each baseline in turn, filling ``report["solar"]``, ``["baselines"]``, ``["baseline"]``;
+    ``log`` gets a line as each loader and each of its epochs starts, and each loader's samples/s."""
     import functools
 
     from .baseline import BaselineFailed, run_baseline, skip_reason
@@ -420,11 +504,12 @@ def _run_loaders(report, spec, layout, schedule, *, comm, node, cg, epochs, loca
     if "solar" in loaders:
         _reset_peak(cg, node)
         from ..mpi import root_call
+        _say(log, f"solar: {epochs} epoch(s)")
         report["solar"] = run_solar(schedule, layout, comm=comm, epochs=epochs, step_time=step_time,
                                     drop_cache=drop, reader=reader, threads=threads, prefetch=prefetch,
                                     progress=progress, abort_on_error=abort_on_error, reader_options=reader_options,
                                     probe=lambda: root_call(comm, lambda: measure_random(layout, disk_depth)),
-                                    consume=consume)
+                                    consume=consume, log=log)
         report["solar"]["memory_peak_bytes"] = _peak(cg, node, comm)
     if "baseline" not in loaders:
         return
@@ -434,17 +519,25 @@ def _run_loaders(report, spec, layout, schedule, *, comm, node, cg, epochs, loca
         why = skip_reason(layout, kind)
         if why:
             report["baselines"][kind] = {"skipped": why}
+            _say(log, f"baseline {kind}: skipped ({why})")
             continue
         _reset_peak(cg, node)
+        limit = f", each stopped after {time_limit:g} s" if time_limit else ""
+        _say(log, f"baseline {kind}: {num_workers} DataLoader worker(s) per rank, {epochs} epoch(s){limit}")
         try:
             eps = run_baseline(spec, comm=comm, local_batch=local_batch, epochs=epochs, seed=seed,
-                               num_workers=num_workers, step_time=step_time, drop_cache=drop, progress=progress,
-                               kind=kind, memory_bytes=budget, worker_init_fn=init, verify=VERIFY,
-                               time_limit=time_limit, consume=consume)
+                               num_workers=num_workers, step_time=step_time, drop_cache=_epoch_lines(drop, kind,
+                                                                                                    epochs, log),
+                               progress=progress, kind=kind, memory_bytes=budget, worker_init_fn=init,
+                               verify=VERIFY, time_limit=time_limit, consume=consume)
         except BaselineFailed as exc:  # e.g. its workers outgrew the --equal-memory limit: say so, go on
             report["baselines"][kind] = {"failed": str(exc) + (" (killed under the memory limit?)" if cg else ""),
                                          "memory_peak_bytes": _peak(cg, node, comm)}
+            _say(log, f"baseline {kind}: failed ({report['baselines'][kind]['failed']})")
             continue
+        _say(log, f"baseline {kind}: " + ", ".join(f"{e['samples_per_s']:.1f}" + ("*" if e.get("partial") else "")
+                                                   for e in eps) + " samples/s per epoch"
+             + (" (*: stopped at the time limit)" if any(e.get("partial") for e in eps) else ""))
         report["baselines"][kind] = {"num_workers": num_workers, "epochs": eps,
                                      "samples_per_s": [e["samples_per_s"] for e in eps],
                                      "au": [e["au"] for e in eps],
@@ -453,6 +546,20 @@ def _run_loaders(report, spec, layout, schedule, *, comm, node, cg, epochs, loca
             report["baselines"][kind]["chunk_cache_bytes_per_rank"] = budget
     if "torch" in report["baselines"] and "epochs" in report["baselines"]["torch"]:
         report["baseline"] = report["baselines"]["torch"]
+
+
+def _epoch_lines(drop, kind: str, epochs: int, log):
+    """``drop`` (called by :func:`~solar.bench.baseline.run_baseline` right before each epoch) that first says,
+    through ``log``, which epoch of baseline ``kind`` starts."""
+    if log is None:
+        return drop
+    started = [0]
+
+    def drop_and_say():
+        log(f"baseline {kind} epoch {started[0]} ({started[0] + 1} of {epochs})")
+        started[0] += 1
+        return drop() if drop is not None else None
+    return drop_and_say
 
 
 def _ratios(report: dict):

@@ -44,8 +44,14 @@ planned nodes on one machine, e.g.
 and each epoch reports the bytes sent between nodes next to the plan's.  Every solar epoch checks
 a few delivered samples per rank against h5py (after its timer) and reports its storage bytes
 against the plan's ("storage_vs_plan").
-An error on one rank prints "solar bench: error on rank R: ..." and aborts every rank
-(MPI_Abort), so no rank waits in a collective forever; --no-abort-on-error turns that off.
+The schedule goes to --schedule, else to $SOLAR_CACHE_DIR/bench (default $XDG_CACHE_HOME/solar/bench
+or ~/.cache/solar/bench; on several nodes a folder every node sees), never next to the data; the run
+says where (and the JSON's "schedule").  Progress goes to rank 0's stderr, with --json too: tqdm
+bars on a terminal, plain lines (a line per stage and per epoch of each loader) otherwise.
+A user error (a bad option, spec or file) that every rank meets prints one line, "solar bench:
+error: ...", and every rank exits 2.  An error on one rank only prints "solar bench: error on rank
+R: ..." and aborts every rank (MPI_Abort; status 2 for a user error, 1 for any other), so no rank
+waits in a collective forever; --no-abort-on-error turns that off.
 """
 
 
@@ -84,7 +90,8 @@ def add_parser(sub):
                    help="options of solar's reader as a JSON object, e.g. '{\"direct_io\": true}' (pread: O_DIRECT)")
     p.add_argument("--prefetch", type=int, default=DEFAULT_PREFETCH,
                    help=f"assembled batches waiting ahead of the training loop (default {DEFAULT_PREFETCH}; reads run up to 4 steps further)")
-    p.add_argument("--schedule", help="schedule file to write (default: next to the data)")
+    p.add_argument("--schedule", help="schedule file to write (default: in $SOLAR_CACHE_DIR/bench, "
+                                      "~/.cache/solar/bench when unset; every rank must see it)")
     p.add_argument("--only", choices=("solar", "baseline"), help="run solar only, or the baselines only")
     p.add_argument("--baselines", type=_baselines, default=None,
                    help="comma-separated baselines to run (default: torch,memmap,h5py-cache,batched)")
@@ -94,6 +101,9 @@ def add_parser(sub):
                    help="with --equal-memory: bytes per node on top of solar's buffers (default 1 GiB)")
     p.add_argument("--disk-depth", type=int, default=16, help="random reads in flight for the disk's limit")
     p.add_argument("--json", action="store_true", help="print the whole report as JSON on stdout")
+    p.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="no progress on stderr (default: rank 0 says what it is doing, with --json too: bars on "
+                        "a terminal, plain lines otherwise)")
     p.add_argument("--ranks-per-node", type=positive_int,
                    help="solar runs a node plan: ranks sharing one node's buffer (must divide the ranks)")
     p.add_argument("--policy", choices=list(NODE_POLICIES),
@@ -142,16 +152,20 @@ def run(args) -> int:
     from ..errors import SpecError
     from ..mpi import abort_on_error
     from ..scheduler.nodes import DEFAULT_NETWORK_BPS, DEFAULT_STORAGE_BPS, PeerCost
-    given = [x is not None for x in (args.policy, args.network_bandwidth, args.storage_bandwidth)]
-    if args.ranks_per_node is None and any(given):
-        raise SpecError("--policy, --network-bandwidth and --storage-bandwidth need --ranks-per-node (a node plan)")
-    cost = None
-    if given[1] or given[2]:
-        cost = PeerCost(DEFAULT_NETWORK_BPS if args.network_bandwidth is None else args.network_bandwidth,
-                        DEFAULT_STORAGE_BPS if args.storage_bandwidth is None else args.storage_bandwidth)
     comm = MPI.COMM_WORLD
-    guard = abort_on_error(comm, prefix="solar bench") if args.abort_on_error else contextlib.nullcontext()
+    # a user error that every rank meets (these checks, a bad option or spec found in bench()) is one line and
+    # exit 2 on every rank; one that only some ranks meet aborts the job (status 2), so none waits forever
+    guard = abort_on_error(comm, prefix="solar bench", user_error_status=2) if args.abort_on_error \
+        else contextlib.nullcontext()
     with guard:
+        given = [x is not None for x in (args.policy, args.network_bandwidth, args.storage_bandwidth)]
+        if args.ranks_per_node is None and any(given):
+            raise SpecError("--policy, --network-bandwidth and --storage-bandwidth need --ranks-per-node "
+                            "(a node plan)")
+        cost = None
+        if given[1] or given[2]:
+            cost = PeerCost(DEFAULT_NETWORK_BPS if args.network_bandwidth is None else args.network_bandwidth,
+                            DEFAULT_STORAGE_BPS if args.storage_bandwidth is None else args.storage_bandwidth)
         frac = args.buffer_fraction if args.buffer_fraction is not None or args.buffer_per_rank else 0.5
         rep = bench(args.spec, comm=comm, epochs=args.epochs, local_batch=args.local_batch, buffer_fraction=frac,
                     buffer_per_rank=args.buffer_per_rank, seed=args.seed, cold=args.cold,
@@ -160,10 +174,24 @@ def run(args) -> int:
                     loaders=(args.only,) if args.only else ("solar", "baseline"),
                     baselines=args.baselines, equal_memory=args.equal_memory,
                     memory_allowance=args.memory_allowance, disk_depth=args.disk_depth,
-                    progress=sys.stderr.isatty() and comm.rank == 0, abort_on_error=args.abort_on_error,
+                    progress=args.progress and comm.rank == 0 and _is_terminal(sys.stderr),
+                    abort_on_error=args.abort_on_error,
                     baseline_time_limit=args.baseline_time_limit or None, ranks_per_node=args.ranks_per_node,
                     policy=args.policy, peer_cost=cost, reader_options=args.reader_options,
-                    device=args.device, model=args.model, amp=args.amp)
+                    device=args.device, model=args.model, amp=args.amp,
+                    log=_progress_line if args.progress and comm.rank == 0 else None)
     if comm.rank == 0:
         print(json.dumps(rep, indent=2) if args.json else format_report(rep))
     return 0
+
+
+def _is_terminal(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # replaced or closed
+        return False
+
+
+def _progress_line(text: str) -> None:
+    """One progress line on stderr (rank 0), flushed at once: a log file or pipe sees it as it happens."""
+    print(f"solar bench: {text}", file=sys.stderr, flush=True)
