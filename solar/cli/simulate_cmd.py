@@ -9,7 +9,7 @@ from ..scheduler.nodes import DEFAULT_NETWORK_BPS, DEFAULT_STORAGE_BPS, PeerCost
 from ..scheduler.policies import ALL_POLICIES, POLICIES
 from ..scheduler.run import Demand
 from ..scheduler.simulate import dataset_bytes, format_table, plot, simulate
-from .argtypes import byte_size, check_output_path, epsilon, fraction, non_negative_int, positive_int
+from .argtypes import byte_size, check_output_path, epoch_count, epsilon, fraction, non_negative_int, positive_int
 
 EPILOG = """\
 policies: torch (DistributedSampler + per-rank LRU), nopfs (DistributedSampler + per-rank Belady that
@@ -30,6 +30,11 @@ examples:
 storage/epoch is what the policy reads from storage per epoch (stored, i.e. compressed, bytes), the mean
 over epochs >= 2; the hit rate counts decoded bytes, and a block received from another node is a hit
 (peer hit: the part of it that transfers serve; peer/epoch: decoded bytes sent between nodes).
+
+A policy that cannot run with a buffer (smaller than the blocks of one local batch; ideal: one global
+batch, in its one pooled buffer; solar2023 also when its appended misses outgrow the buffer) shows
+"error: ..." in its row (JSON: "error"); the command then ends with one line naming the fractions and
+policies that failed and exits 2, after the table, the JSON and the plot of the rest.
 """
 
 
@@ -44,16 +49,18 @@ def add_parser(sub):
     p.add_argument("--sample-bytes", type=byte_size, help="synthetic: bytes per sample")
     p.add_argument("--samples-per-block", type=positive_int, default=1, help="synthetic: samples sharing one block")
     p.add_argument("--blocks-per-sample", type=positive_int, default=1, help="synthetic: blocks per sample")
-    p.add_argument("-P", "--world-size", type=positive_int, required=True)
-    p.add_argument("-b", "--local-batch", type=positive_int, required=True)
-    p.add_argument("--epochs", type=positive_int, default=5)
+    p.add_argument("-P", "--world-size", type=positive_int, required=True, help="number of training ranks")
+    p.add_argument("-b", "--local-batch", type=positive_int, required=True, help="samples per rank per step")
+    p.add_argument("--epochs", type=epoch_count, default=5,
+                   help="epochs to simulate (default 5; the steady figures are the mean over epochs >= 2)")
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--buffer-per-rank", type=byte_size, nargs="+", help="bytes per rank (2GiB, 5e8, ...)")
     g.add_argument("--buffer-fraction", type=fraction, nargs="+", help="aggregate buffer / dataset bytes")
-    p.add_argument("--seed", type=non_negative_int, default=0)
+    p.add_argument("--seed", type=non_negative_int, default=0, help="DistributedSampler seed (default 0)")
     p.add_argument("--epsilon", type=epsilon, default=0.0,
                    help="solar: local batches may range over [ceil(b(1-eps)), floor(b(1+eps))] (default 0)")
-    p.add_argument("--drop-last", action="store_true")
+    p.add_argument("--drop-last", action="store_true",
+                   help="as DistributedSampler(drop_last=True): drop the samples that do not fill the ranks evenly")
     p.add_argument("--no-group-blocks", dest="group_blocks", action="store_false",
                    help="plan every layout block on its own (default: blocks that the same samples use, "
                         "e.g. the fields of one sample, are planned as one unit)")
@@ -118,4 +125,23 @@ def run(args) -> int:
         print(format_table(rows))
         if args.plot:
             print(f"plot: {args.plot}")
+    failed = _failures(rows)
+    if failed:  # after the results that did run: a sweep is still worth its table
+        sys.stdout.flush()
+        raise SpecError(failed)
     return 0
+
+
+def _failures(rows) -> str:
+    """One line naming the (fraction, policies) that could not run, or '' when every run did."""
+    parts, n = [], 0
+    for row in rows:
+        bad = [name for name, r in row["results"].items() if "error" in r]
+        if bad:
+            n += len(bad)
+            parts.append(f"{row['fraction']:.3g}: {', '.join(bad)}")
+    if not n:
+        return ""
+    runs = sum(len(row["results"]) for row in rows)
+    return (f"{n} of {runs} runs could not plan with their buffer (buffer fraction {'; '.join(parts)}; the "
+            f"'error' in the output says why): give a larger --buffer-fraction / --buffer-per-rank")

@@ -1,6 +1,7 @@
 """What-if comparison of policies (``solar simulate``): hit rates, storage bytes, imbalance."""
 from __future__ import annotations
 
+import re
 from typing import Dict, Iterable, List, Optional
 
 import numpy as np
@@ -40,7 +41,7 @@ def simulate(demand: Demand, world_size: int, local_batch: int, epochs: int, buf
         try:
             r = run_policy(demand, cfg, name, progress=progress, group_blocks=group_blocks, nodes=nodes, cost=cost)
         except BufferTooSmall as exc:  # e.g. solar2023's appended misses outgrow a tight buffer
-            out[name] = {"error": str(exc)}
+            out[name] = {"error": _pooled(str(exc), world_size, int(buffer_bytes)) if pol.single_buffer else str(exc)}
             continue
         rank = np.stack(r.rank_miss_bytes).sum(axis=0).astype(float)  # (P,) storage bytes per rank
         out[name] = {
@@ -60,6 +61,22 @@ def simulate(demand: Demand, world_size: int, local_batch: int, epochs: int, buf
             "max_staging_bytes": max(r.staging_bytes, default=0),
         }
     return out
+
+
+_PER_RANK = re.compile(r"buffer of [\d,]+ bytes per rank cannot hold the ([\d,]+) bytes of blocks that rank \d+ "
+                       r"needs at step (\d+) of epoch (\d+)")
+
+
+def _pooled(message: str, world_size: int, per_rank: int) -> str:
+    """The planner's "buffer too small" ``message`` said of a policy with one buffer pooled over the ranks
+    (ideal): its size is ``world_size`` x ``per_rank`` and it must hold the global batch, not one rank's."""
+    m = _PER_RANK.match(message)
+    if m is None:
+        return message
+    need, step, epoch = m.groups()
+    return (f"one buffer pooled over the {world_size} ranks ({world_size} x {per_rank:,} = "
+            f"{world_size * per_rank:,} bytes) cannot hold the {need} bytes of blocks of the global batch at step "
+            f"{step} of epoch {epoch}: it must hold at least one global batch")
 
 
 def format_table(rows: List[dict]) -> str:
