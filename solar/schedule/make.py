@@ -65,8 +65,11 @@ def plan(data: Union[str, "Demand", object], *, world_size: int, local_batch: Op
     or a :class:`~solar.scheduler.Demand`; ``split``/``fields`` (a path only): plan that split / those
     fields of the spec (:meth:`~solar.layout.LayoutSpec.select`).  The file stores the layout (format
     version 3, ``/layout``) unless ``data`` is a Demand, so that the job's ranks read no HDF5 metadata.
-    ``local_batch`` and ``epochs`` are required; ``seed`` (default 0), ``drop_last`` (False), ``epsilon``
-    (0.0), ``policy`` ("solar").
+    ``local_batch`` and ``epochs`` have no default here (unless ``resume_from``): ``epochs`` is a number
+    of epochs or ``"auto"`` (see below), which is what the ``solar plan`` command's ``--epochs``
+    defaults to.  Exactly one of ``buffer_fraction`` (aggregate buffer / dataset's decoded bytes) and
+    ``buffer_per_rank`` (bytes, or a string like ``"2GiB"``).  ``seed`` (default 0), ``drop_last``
+    (False), ``epsilon`` (0.0), ``policy`` ("solar").
 
     ``epochs="auto"``: open-ended training (no epoch count known); the file holds the first ``window``
     epochs (default :data:`DEFAULT_WINDOW`) and :class:`~solar.loader.SolarLoader` plans the following
