@@ -150,3 +150,18 @@ def test_consumer_trains_and_times_the_same_steps(tmp_path):
     assert 0 < one < many
     none = Consumer(StepConfig(), layout, {})
     assert none.device_only([4, 4]) is None and none({"X_train": x}) is None
+
+
+def test_bench_runs_solar_with_its_cores_and_a_device_buffer(tmp_path, capsys):
+    """--cpus and --buffer-device reach solar's loader: the report says what it ran with, and every epoch's
+    delivered samples were checked against h5py (a device buffer's batches gathered there)."""
+    from solar.cli import main
+    data = make_dataset(tmp_path, "ptychonn", "contiguous", samples=16)
+    assert main(["bench", data, "--epochs", "2", "-b", "2", "--only", "solar", "--json", "--no-progress",
+                 "--cpus", "2", "--buffer-device", "cpu", "--model", "conv"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["solar"]["cpus"] == 2 and rep["solar"]["buffer_device"] == "cpu"
+    assert all(ep["verified"] > 0 and ep["au"] > 0 for ep in rep["solar"]["epochs"])
+    assert main(["bench", data, "--epochs", "1", "-b", "2", "--only", "solar", "--json", "--no-progress"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["solar"]["buffer_device"] is None and rep["solar"]["cpus"] >= 1

@@ -92,7 +92,7 @@ def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float
               reader: Optional[str] = None, threads: int = 16, prefetch: int = DEFAULT_PREFETCH, progress: bool = False,
               abort_on_error: bool = True, reader_options: Optional[dict] = None,
               probe: Optional[Callable[[], float]] = None, replay: bool = True, consume=None,
-              log: Optional[Callable[[str], None]] = None) -> dict:
+              log: Optional[Callable[[str], None]] = None, loader_options: Optional[dict] = None) -> dict:
     """Time SolarLoader epoch by epoch, measured as the baseline is (drop, barrier, timed loop).
 
     ``abort_on_error``: passed to SolarLoader (an error on one rank aborts the job).  ``probe``: called by
@@ -105,18 +105,22 @@ def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float
     the loader then copies batches there ahead of use, ``device=``); the epoch's timer stops when the device
     has run every step, and the device-only time of the same steps is measured right after it (``au``,
     ``gpu_wait_fraction``).  Without it, ``step_time`` seconds of sleep per step.  ``progress``: a tqdm bar per
-    epoch (rank 0); ``log``: called with one line after each epoch (where it is given: the CLI's rank 0)."""
+    epoch (rank 0); ``log``: called with one line after each epoch (where it is given: the CLI's rank 0).
+    ``loader_options``: more SolarLoader arguments (``cpus``, ``buffer_device``: with a device buffer the
+    batches are gathered there, not copied)."""
     from ..loader import SolarLoader
     from ..mpi import sleep_barrier
     from .cache import largest_left
     from .baseline import _verify
     from .consume import epoch_utilisation
     rss0 = rss_bytes()
-    cuda = consume is not None and consume.cfg.cuda
+    opts = dict(loader_options or {})
+    cuda = consume is not None and consume.cfg.cuda and opts.get("buffer_device") is None
     loader = SolarLoader(schedule_path, layout, comm=comm, reader=reader, threads=threads, prefetch=prefetch,
                          as_torch=True, epoch_fence=True, abort_on_error=abort_on_error, reader_options=reader_options,
-                         pin_memory=cuda, device=consume.device if cuda else None)
-    out = {"reader": loader.reader_name, "reader_options": dict(reader_options or {}), "epochs": []}
+                         pin_memory=cuda, device=consume.device if cuda else None, **opts)
+    out = {"reader": loader.reader_name, "reader_options": dict(reader_options or {}), "epochs": [],
+           "cpus": loader.cpus, "buffer_device": None if loader.buffer_device is None else str(loader.buffer_device)}
     nodes = loader.nodes is not None  # a node plan: transfers between nodes are counted too
     tracer = loader.reader if replay and hasattr(loader.reader, "trace") else None
     predicted = loader.schedule.predicted()
@@ -346,7 +350,7 @@ def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fra
           abort_on_error: bool = True, baseline_time_limit: Optional[float] = BASELINE_TIME_LIMIT,
           ranks_per_node: Optional[int] = None, policy: Optional[str] = None, peer_cost=None,
           reader_options: Optional[dict] = None, device: str = "cpu", model: str = "none", amp: str = "auto",
-          log: Optional[Callable[[str], None]] = None) -> dict:
+          log: Optional[Callable[[str], None]] = None, loader_options: Optional[dict] = None) -> dict:
     """Run the comparison; returns the report (the same on every rank).
 
     ``schedule``: the schedule file rank 0 writes (every rank must see it); default
@@ -459,7 +463,7 @@ def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fra
                      threads=threads, prefetch=prefetch, num_workers=num_workers, progress=progress,
                      abort_on_error=abort_on_error, loaders=loaders, baselines=baselines, budget=budget,
                      time_limit=baseline_time_limit, reader_options=reader_options, disk_depth=disk_depth,
-                     consume=consume, log=log)
+                     consume=consume, log=log, loader_options=loader_options)
     finally:
         if cg is not None:
             _leave_cgroup(cg, back, node)
@@ -494,7 +498,8 @@ def _consumer(step, spec, layout, local_batch: int, local_rank: int):
 
 def _run_loaders(report, spec, layout, schedule, *, comm, node, cg, epochs, local_batch, seed, step_time, drop,
                  reader, threads, prefetch, num_workers, progress, abort_on_error, loaders, baselines, budget,
-                 time_limit=None, reader_options=None, disk_depth=16, consume=None, log=None):
+                 time_limit=None, reader_options=None, disk_depth=16, consume=None, log=None,
+                 loader_options=None):
     """Run solar and each baseline in turn, filling ``report["solar"]``, ``["baselines"]``, ``["baseline"]``;
     ``log`` gets a line as each loader and each of its epochs starts, and each loader's samples/s."""
     import functools
@@ -509,7 +514,7 @@ def _run_loaders(report, spec, layout, schedule, *, comm, node, cg, epochs, loca
                                     drop_cache=drop, reader=reader, threads=threads, prefetch=prefetch,
                                     progress=progress, abort_on_error=abort_on_error, reader_options=reader_options,
                                     probe=lambda: root_call(comm, lambda: measure_random(layout, disk_depth)),
-                                    consume=consume, log=log)
+                                    consume=consume, log=log, loader_options=loader_options)
         report["solar"]["memory_peak_bytes"] = _peak(cg, node, comm)
     if "baseline" not in loaders:
         return

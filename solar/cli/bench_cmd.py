@@ -78,6 +78,12 @@ def add_parser(sub):
     p.add_argument("--model", choices=("conv", "none"), default="none",
                    help="the training step each batch feeds: conv (a small conv net, forward + backward + Adam) or "
                         "none (copy to the device only; default)")
+    p.add_argument("--cpus", type=positive_int,
+                   help="cores solar's loader may keep busy assembling batches (default: the rank's share of the "
+                        "node's cores)")
+    p.add_argument("--buffer-device", choices=("cuda", "cpu"),
+                   help="solar's buffer in this device's memory (cuda: the GPU; batches gathered there; cpu stands "
+                        "in for it in tests); per-rank plans only")
     p.add_argument("--amp", choices=("auto", "none", "bf16"), default="auto",
                    help="--model conv: bf16 autocast or none; auto: bf16 on cuda, none on cpu")
     p.add_argument("--num-workers", type=int, default=2, help="baseline DataLoader workers per rank")
@@ -179,6 +185,8 @@ def run(args) -> int:
                     baseline_time_limit=args.baseline_time_limit or None, ranks_per_node=args.ranks_per_node,
                     policy=args.policy, peer_cost=cost, reader_options=args.reader_options,
                     device=args.device, model=args.model, amp=args.amp,
+                    loader_options={k: v for k, v in (("cpus", args.cpus), ("buffer_device", args.buffer_device))
+                                    if v is not None},
                     log=_progress_line if args.progress and comm.rank == 0 else None)
     if comm.rank == 0:
         print(json.dumps(rep, indent=2) if args.json else format_report(rep))
