@@ -17,7 +17,8 @@
 #            Lightning and Accelerate variants, `solar bench --device cuda --model conv` cold
 #   cores    issue 24: the hit path of one rank (benchmarks/hit_path.py: all-resident SolarLoader with
 #            cpus 1, 4 and all but one core against a one-thread np.take of the same bytes; hit-path.json),
-#            `solar bench --device cuda --model conv` on an all-resident plan (bench-resident.json), and the
+#            `solar bench --device cuda --model conv` on an all-resident plan, host and device buffer
+#            (bench-resident.json: {"host": report, "device": report}), and the
 #            device buffer tier against the host buffer (benchmarks/device_buffer_check.py: the same batches,
 #            and each tier's samples/s to the GPU at f=1.0 and 0.5; device-buffer.json)
 #
@@ -198,10 +199,19 @@ cores() {
     (( all < 2 )) && all=2
     STDOUT=$OUT/hit-path.json run hit-path 90 "$PY" benchmarks/hit_path.py "$D" --batch "$B" --epochs 3 \
         --cpus 1 4 "$all" --repeat 2 --json
-    if [ -n "$MPIEXEC" ]; then
-        STDOUT=$OUT/bench-resident.json run bench-resident 60 "$MPIEXEC" -n 1 "${SOLAR[@]}" bench "$D" -b "$B" \
+    if [ -n "$MPIEXEC" ]; then  # the host buffer, then the device buffer (--buffer-device): one file with both
+        STDOUT=$WORK/br-host.json run bench-resident 60 "$MPIEXEC" -n 1 "${SOLAR[@]}" bench "$D" -b "$B" \
             --epochs 3 --buffer-fraction 1.0 --device "$DEVICE" --model conv --only solar --cold \
             --schedule "$WORK/bench-resident-plan.h5" --json
+        STDOUT=$WORK/br-device.json run bench-resident-device 60 "$MPIEXEC" -n 1 "${SOLAR[@]}" bench "$D" -b "$B" \
+            --epochs 3 --buffer-fraction 1.0 --device "$DEVICE" --model conv --only solar --cold \
+            --buffer-device "$DEVICE" --schedule "$WORK/bench-resident-plan.h5" --json
+        "$PY" -c "import json, os, sys
+out = {}
+for k, p in (('host', sys.argv[1]), ('device', sys.argv[2])):
+    if os.path.exists(p) and os.path.getsize(p):
+        out[k] = json.load(open(p))
+json.dump(out, open(sys.argv[3], 'w'), indent=1)" "$WORK/br-host.json" "$WORK/br-device.json" "$OUT/bench-resident.json"
     fi
     STDOUT=$OUT/device-buffer.json run device-buffer 90 "$PY" benchmarks/device_buffer_check.py "$D" --batch "$B" \
         --epochs 3 --fractions 1.0 0.5 --device "$DEVICE" --json

@@ -118,11 +118,10 @@ def markdown(s: dict) -> str:
         for k, v in hp["best_gbps"].items():
             r = hp["ratio_to_np_take"].get(k)
             lines.append(f"| {k} | {v:.2f} | {'-' if r is None else f'{r:.2f}'} |")
-    br = s.get("bench_resident")
-    if br:
-        lines += ["", "`solar bench --model conv` on an all-resident plan (f=1.0), solar: "
+    for tier, rows in (s.get("bench_resident") or {}).items():
+        lines += ["", f"`solar bench --model conv` on an all-resident plan (f=1.0), solar with the {tier} buffer: "
                   + ", ".join(f"epoch {r['epoch']} {r['samples_per_s']:.0f} samples/s au {fmt(r['au'])}"
-                              for r in br["rows"])]
+                              for r in rows)]
     db = s.get("device_buffer")
     if db:
         lines += ["", "Device buffer tier vs host buffer (benchmarks/device_buffer_check.py, bare loop to the device, "
@@ -167,7 +166,7 @@ def main(argv=None) -> int:
         s["hit_path"] = json.load(open(hit))
     res = os.path.join(a.outdir, "bench-resident.json")
     if os.path.exists(res) and os.path.getsize(res):
-        s["bench_resident"] = dict(rows=bench_rows(json.load(open(res))))
+        s["bench_resident"] = {tier: bench_rows(rep) for tier, rep in json.load(open(res)).items()}
     dbp = os.path.join(a.outdir, "device-buffer.json")
     if os.path.exists(dbp) and os.path.getsize(dbp):
         s["device_buffer"] = json.load(open(dbp))
