@@ -165,3 +165,31 @@ def test_bench_runs_solar_with_its_cores_and_a_device_buffer(tmp_path, capsys):
     assert main(["bench", data, "--epochs", "1", "-b", "2", "--only", "solar", "--json", "--no-progress"]) == 0
     rep = json.loads(capsys.readouterr().out)
     assert rep["solar"]["buffer_device"] is None and rep["solar"]["cpus"] >= 1
+
+
+def test_bench_reports_the_paths_against_their_limits(tmp_path, capsys):
+    """Per solar epoch: the hit path (assembly GB/s) next to copying with the same cores, the storage bytes the OS
+    read, and limit_ratio against the disk's best of 16, 64 and 256 reads in flight."""
+    from solar.cli import main
+    data = make_dataset(tmp_path, "ptychonn", "contiguous", samples=16)
+    assert main(["bench", data, "--epochs", "2", "-b", "2", "--only", "solar", "--json", "--no-progress", "--cold",
+                 "--cpus", "2"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    d, a = rep["disk"], rep["disk_after"]
+    assert set(d["random_by_depth"]) == {"16", "64", "256"} and all(v > 0 for v in d["random_by_depth"].values())
+    assert d["best_random_read_gbps"] == max(d["random_by_depth"].values()) == d["random_by_depth"][str(d["best_depth"])]
+    best = max(d["best_random_read_gbps"], a["best_random_read_gbps"]) * 1e9
+    assert rep["copy"]["cpus"] == 2 and rep["copy"]["gbps"] > 0
+    for ep, lr in zip(rep["solar"]["epochs"], rep["limit_ratio_best_depth"]):
+        secs = ep["seconds"] - ep["startup_s"]
+        assert lr == pytest.approx(ep["storage_bytes"] / best / secs) and ep["limit_ratio_best_depth"] == lr
+        assert ep["assemble_gbps"] > 0 and ep["assemble_vs_copy"] == pytest.approx(ep["assemble_gbps"] / rep["copy"]["gbps"])
+        assert isinstance(ep["os_read_bytes"], int) and ep["os_read_bytes"] >= 0
+
+
+def test_copy_limit_and_os_read_bytes():
+    from solar.bench.limits import measure_copy, os_read_bytes
+    r = measure_copy(2, nbytes=8 << 20, repeat=2)
+    assert r["gbps"] > 0 and r["cpus"] == 2 and r["bytes"] == 8 << 20
+    before = os_read_bytes()
+    assert isinstance(before, int) and before >= 0

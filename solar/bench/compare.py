@@ -113,6 +113,7 @@ def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float
     from .cache import largest_left
     from .baseline import _verify
     from .consume import epoch_utilisation
+    from .limits import os_read_bytes
     rss0 = rss_bytes()
     opts = dict(loader_options or {})
     cuda = consume is not None and consume.cfg.cuda and opts.get("buffer_device") is None
@@ -125,6 +126,8 @@ def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float
     tracer = loader.reader if replay and hasattr(loader.reader, "trace") else None
     predicted = loader.schedule.predicted()
     peak_rss = rss0
+    shapes, dtypes = layout.field_shapes(), layout.field_dtypes()
+    sample_bytes = sum(int(np.prod(shapes[f], dtype=np.int64)) * np.dtype(dtypes[f]).itemsize for f in shapes)
     try:
         # the buffer built before epoch 0's timer (pools faulted in, plan loaded; nothing read: the fence),
         # its seconds (slowest rank) added to epoch 0's time for samples/s; the limit ratios leave them out
@@ -144,6 +147,7 @@ def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float
             if tracer is not None:
                 tracer.trace = []  # the epoch's reads (the fence: none of them was issued before its timer)
             sizes = []  # local batch size of each step (the device-only steps repeat them)
+            io0 = os_read_bytes()  # solar.bench.limits
             t0 = time.perf_counter()
             samples = 0
             for i, batch in enumerate(loader):
@@ -162,6 +166,7 @@ def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float
             if consume is not None:
                 consume.sync()  # the epoch ends when the device has run its last step
             secs = time.perf_counter() - t0 + (startup if e == 0 else 0.0)
+            io_read = os_read_bytes() - io0
             if bar is not None:
                 bar.close()
             picked = [(i, {k: v.cpu() for k, v in f.items()}) for i, f in picked]
@@ -180,7 +185,8 @@ def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float
             per_rank = comm.allgather((secs, samples, d["stall_s"], d["bytes_read"], d["bytes_loaded"], d["hits"],
                                        d["misses"], d["plan_violations"], d["read_s"], left, d.get("opens", 0),
                                        d.get("evictions", 0), verified, d.get("sent_bytes", 0),
-                                       d.get("recv_bytes", 0), d.get("sent_blocks", 0), d["stored_bytes"]))
+                                       d.get("recv_bytes", 0), d.get("sent_blocks", 0), d["stored_bytes"],
+                                       io_read, d["assemble_s"], samples * sample_bytes))
             seconds = max(x[0] for x in per_rank)
             total = sum(x[1] for x in per_rank)
             read = sum(x[3] for x in per_rank)
@@ -197,7 +203,10 @@ def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float
                 file_evictions=sum(x[11] for x in per_rank), verified=sum(x[12] for x in per_rank),
                 block_storage_bytes=sum(x[16] for x in per_rank), predicted_storage_bytes=int(planned),
                 storage_vs_plan=read / planned if planned else None,
-                blocks_vs_plan=sum(x[16] for x in per_rank) / planned if planned else None, **util))
+                blocks_vs_plan=sum(x[16] for x in per_rank) / planned if planned else None,
+                os_read_bytes=sum(x[17] for x in per_rank),
+                # the hit path: the rate of assembling (copying) the delivered bytes, the slowest rank's
+                assemble_gbps=min((x[19] / x[18] / 1e9 for x in per_rank if x[18] > 0), default=None), **util))
             if tracer is not None:
                 out["epochs"][-1].update(_replay(tracer, layout, comm, threads))
             if probe is not None:
@@ -245,19 +254,33 @@ def _max():
     return MPI.MAX
 
 
-def measure_disk(layout, depth: int = 16) -> dict:
-    """The physical limit, cold: random reads of the layout's stored blocks (``depth`` in flight)
-    and 8 MiB sequential reads (4 in flight) over its files.
+#: Random reads in flight the disk's best cold random-read rate is looked for at (besides ``--disk-depth``).
+BEST_DEPTHS = (16, 64, 256)
 
-    Returns ``dict(bytes_per_s, method, random_read_gbps, sequential_read_gbps, block_bytes,
-    random, sequential)``; ``bytes_per_s``/``method`` are the sequential figure (as before).
+
+def measure_disk(layout, depth: int = 16, depths=BEST_DEPTHS) -> dict:
+    """The physical limit, cold: random reads of the layout's stored blocks (``depth`` in flight, and each of
+    ``depths``: the best of them is the disk's limit for one rank that keeps enough reads in flight) and 8 MiB
+    sequential reads (4 in flight) over its files.
+
+    Returns ``dict(bytes_per_s, method, random_read_gbps, sequential_read_gbps, block_bytes, random, sequential,
+    random_by_depth, best_random_read_gbps, best_depth)``; ``bytes_per_s``/``method`` are the sequential figure
+    (as before), ``random_read_gbps`` the one at ``depth``.
     """
     from .disk import cold_parallel_sequential_read, cold_random_read, typical_block
     extents, block = typical_block(layout)
     rnd = cold_random_read(layout.files, extents, depth=depth)
+    by_depth = {int(depth): rnd["bytes_per_s"] / 1e9}
+    for d in sorted(set(int(x) for x in depths) - {int(depth)}):
+        by_depth[d] = cold_random_read(layout.files, extents, depth=d)["bytes_per_s"] / 1e9
+    best = max(by_depth, key=by_depth.get)
     seq = cold_parallel_sequential_read(layout.files)
     return dict(bytes_per_s=seq["bytes_per_s"], method=seq["method"], random_read_gbps=rnd["bytes_per_s"] / 1e9,
-                sequential_read_gbps=seq["bytes_per_s"] / 1e9, block_bytes=block, random=rnd, sequential=seq)
+                sequential_read_gbps=seq["bytes_per_s"] / 1e9, block_bytes=block, random=rnd, sequential=seq,
+                random_by_depth={str(d): g for d, g in sorted(by_depth.items())}, best_random_read_gbps=by_depth[best],
+                best_depth=best)
+
+
 
 
 def measure_random(layout, depth: int = 16) -> float:
@@ -434,6 +457,11 @@ def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fra
     _say(log, "measuring the limits: the disk's cold random and sequential reads, the cpu's decoding")
     report["disk"] = root_call(comm, lambda: measure_disk(layout, disk_depth))
     report["decode"] = root_call(comm, lambda: measure_decode(layout))  # None: nothing to decode
+    if "solar" in loaders:  # the hit path's limit: copying with the cores solar's loader gets
+        from ..topology import cpus_of_this_rank
+        from .limits import measure_copy
+        cores = (loader_options or {}).get("cpus") or cpus_of_this_rank()
+        report["copy"] = root_call(comm, lambda: measure_copy(cores))
     # 3. the memory: unlimited, or one cgroup per node
     node = _node_comm(comm)
     cg = back = None
@@ -610,6 +638,11 @@ def _ratios(report: dict):
         # against the same reads replayed bare right after the epoch (the disk's speed for this very pattern)
         rep = ep.get("replay_gbps")
         ep["limit_ratio_replay"] = (ep["storage_bytes"] / (rep * 1e9)) / secs if rep and secs > 0 else None
+        # against the disk's best depth (16, 64, 256 reads in flight): what one rank could read with reads enough
+        best = max(report["disk"].get("best_random_read_gbps") or 0.0, after.get("best_random_read_gbps") or 0.0)
+        ep["limit_ratio_best_depth"] = (ep["storage_bytes"] / (best * 1e9)) / secs if best and secs > 0 else None
+        if report.get("copy") and ep.get("assemble_gbps"):  # the hit path against copying with the same cores
+            ep["assemble_vs_copy"] = ep["assemble_gbps"] / report["copy"]["gbps"]
         if dec and dec["bytes_per_s"] and secs > 0:
             # the slower of the two physical limits: the disk's random reads, the node's cores decoding
             cpu_s = ep["storage_bytes"] * dec["filtered_fraction"] / dec["bytes_per_s"]
@@ -618,6 +651,7 @@ def _ratios(report: dict):
     report["limit_ratio"] = [ep["limit_ratio"] for ep in report["solar"]["epochs"]]
     report["limit_ratio_adjacent"] = [ep["limit_ratio_adjacent"] for ep in report["solar"]["epochs"]]
     report["limit_ratio_replay"] = [ep["limit_ratio_replay"] for ep in report["solar"]["epochs"]]
+    report["limit_ratio_best_depth"] = [ep["limit_ratio_best_depth"] for ep in report["solar"]["epochs"]]
     if dec:
         report["physical_limit_ratio"] = [ep.get("physical_limit_ratio") for ep in report["solar"]["epochs"]]
 
@@ -716,6 +750,19 @@ def format_report(r: dict) -> str:
                          + " GB/s; limit_ratio against that: "
                          + ", ".join(f"{ep['limit_ratio_replay']:.2f}" if ep.get("limit_ratio_replay") is not None
                                      else "-" for ep in eps))
+        d0 = r["disk"]
+        if d0.get("random_by_depth"):
+            lines.append("disk cold random read by reads in flight: "
+                         + ", ".join(f"{k}: {v:.2f}" for k, v in d0["random_by_depth"].items())
+                         + f" GB/s; limit_ratio against the best depth: "
+                         + ", ".join(f"{ep['limit_ratio_best_depth']:.2f}" if ep.get("limit_ratio_best_depth")
+                                     is not None else "-" for ep in eps))
+        if r.get("copy"):
+            lines.append(f"hit path: batches assembled at "
+                         + ", ".join(f"{ep['assemble_gbps']:.2f}" if ep.get("assemble_gbps") else "-" for ep in eps)
+                         + f" GB/s per epoch (slowest rank; {r['solar'].get('cpus', '?')} cpu(s) each), memory copy "
+                         f"with those cores {r['copy']['gbps']:.2f} GB/s; storage read per the OS: "
+                         + ", ".join(human_bytes(ep.get("os_read_bytes", 0)) for ep in eps))
         if "ranks_per_node" in r["solar"]:
             lines.append("solar bytes sent between nodes per epoch (as run / planned): "
                          + ", ".join(f"{human_bytes(ep['peer_bytes_sent'])} / {human_bytes(ep['predicted_peer_bytes'])}"
