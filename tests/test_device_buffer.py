@@ -216,3 +216,39 @@ def test_a_layout_the_gather_cannot_take_is_refused_at_start(tmp_path):
     sched = solar.plan(layout, world_size=1, local_batch=1, epochs=1, buffer_fraction=1.0)
     with pytest.raises(solar.SpecError, match="cannot be gathered on a device .*samples differ in shape"):
         SolarLoader(sched, layout, rank=0, buffer_device="cpu")
+
+
+def test_a_plan_for_a_device_buffer(tmp_path, capsys):
+    """solar plan --device-buffer: the residency planned with the device's budget (the same plan as that budget on
+    the host), the file says where the buffer lives, the loader keeps its pools there by default (CUDA; here it
+    names what to do without it) and runs it on the CPU stand-in; --buffer-per-rank is the host's budget for the
+    staged reads."""
+    from solar.cli import main
+    data = make_dataset(tmp_path, "ptychonn", "contiguous", samples=24)
+    dev, host = str(tmp_path / "dev.h5"), str(tmp_path / "host.h5")
+    assert main(["plan", data, "-P", "2", "-b", "3", "--epochs", "2", "--device-buffer", "300KiB", "-o", dev]) == 0
+    assert main(["plan", data, "-P", "2", "-b", "3", "--epochs", "2", "--buffer-per-rank", "300KiB", "-o", host]) == 0
+    capsys.readouterr()
+    with solar.Schedule.load(dev) as d, solar.Schedule.load(host) as h:
+        assert d.buffer_place == "device" and h.buffer_place == "host"
+        assert d.config == h.config
+        for r in range(2):
+            a, b = d.rank(r).arrays(), h.rank(r).arrays()
+            assert all(np.array_equal(a[k], b[k]) for k in a)
+    if not torch.cuda.is_available():
+        with pytest.raises(solar.SpecError, match="plans its buffer in GPU memory .* buffer_device='cpu'"):
+            SolarLoader(dev, data, rank=0)
+    with SolarLoader(dev, data, rank=0, buffer_device="cpu", cpus=1) as a, SolarLoader(host, data, rank=0, cpus=1) as b:
+        for x, y in zip(_epochs(a, 2), _epochs(b, 2)):
+            _same(x, y)
+        assert isinstance(a.buffer.pools, DevicePools)
+    assert main(["plan", data, "-P", "2", "-b", "3", "--epochs", "2", "--device-buffer", "300KiB",
+                 "--buffer-per-rank", "1KiB", "-o", str(tmp_path / "x.h5")]) == 2
+    assert "cannot stage a device buffer's reads" in capsys.readouterr().err
+    for extra, why in ((["--buffer-fraction", "0.5"], "the device budget is in bytes"),
+                       (["--ranks-per-node", "2"], "not with ranks_per_node")):
+        assert main(["plan", data, "-P", "2", "-b", "3", "--epochs", "2", "--device-buffer", "300KiB", *extra,
+                     "-o", str(tmp_path / "y.h5")]) == 2
+        assert why in capsys.readouterr().err
+    assert main(["plan", data, "-P", "2", "-b", "3", "--epochs", "2", "-o", str(tmp_path / "z.h5")]) == 2
+    assert "--buffer-per-rank, --buffer-fraction or --device-buffer" in capsys.readouterr().err

@@ -51,9 +51,14 @@ def add_parser(sub):
     p.add_argument("--window", type=epoch_count,
                    help=f"with --epochs auto: epochs per window (default {DEFAULT_WINDOW}); the file holds the "
                         f"first, the loader plans the next ones in the background")
-    g = p.add_mutually_exclusive_group(required=True)
-    g.add_argument("--buffer-per-rank", type=byte_size, help="decoded bytes each rank may buffer (2GiB, 5e8)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--buffer-per-rank", type=byte_size, help="decoded bytes each rank may buffer (2GiB, 5e8); with "
+                                                             "--device-buffer the host's budget (staging for reads)")
     g.add_argument("--buffer-fraction", type=fraction, help="aggregate buffer / dataset bytes")
+    p.add_argument("--device-buffer", type=byte_size, metavar="BYTES",
+                   help="plan the residency in GPU memory, this many bytes per rank (e.g. 60GiB): the loader keeps "
+                        "its buffer there (SolarLoader(buffer_device='cuda'), the default for such a plan), batches "
+                        "gathered on the GPU; one buffer per rank")
     p.add_argument("--seed", type=non_negative_int, help="DistributedSampler seed (default 0)")
     p.add_argument("--drop-last", action="store_true", default=None, help="as DistributedSampler(drop_last=True)")
     p.add_argument("--epsilon", type=epsilon,
@@ -113,11 +118,14 @@ def run(args) -> int:
             raise SpecError("--network-bandwidth and --storage-bandwidth need --ranks-per-node (node-shared buffers)")
         cost = PeerCost(DEFAULT_NETWORK_BPS if args.network_bandwidth is None else args.network_bandwidth,
                         DEFAULT_STORAGE_BPS if args.storage_bandwidth is None else args.storage_bandwidth)
+    if args.buffer_per_rank is None and args.buffer_fraction is None and args.device_buffer is None:
+        raise SpecError("give the buffer: --buffer-per-rank, --buffer-fraction or --device-buffer")
     s = plan(args.spec, world_size=args.world_size, local_batch=args.local_batch, epochs=epochs,
              buffer_per_rank=args.buffer_per_rank, buffer_fraction=args.buffer_fraction, seed=args.seed,
              drop_last=args.drop_last, epsilon=args.epsilon, policy=args.policy, out=args.output,
              progress=sys.stderr.isatty(), split=args.split, fields=args.fields, window=args.window,
-             resume_from=args.resume_from, ranks_per_node=args.ranks_per_node, peer_cost=cost)
+             resume_from=args.resume_from, ranks_per_node=args.ranks_per_node, peer_cost=cost,
+             device_buffer=args.device_buffer)
     summary = s.summary()
     s.close()
     print(json.dumps(summary, indent=2) if args.json else format_schedule(summary))

@@ -79,7 +79,7 @@ class SolarLoader:
     ``loader.epoch_log.last`` holds its numbers.
 
     ``buffer_device``: the buffer's pools on that torch device (``"cuda"``: GPU memory; the plan's budget is
-    then the device's), :mod:`solar.buffer.device_pools`: each miss is read into host staging and crosses to
+    then the device's; default for a plan made with ``solar plan --device-buffer``: ``"cuda"``), :mod:`solar.buffer.device_pools`: each miss is read into host staging and crosses to
     the device once, decoded; a batch is gathered on the device from the resident blocks, so a hit costs
     device memory bandwidth instead of a host copy and a PCIe transfer.  The batches are bit for bit the host
     path's, their ``index`` on the host.  Per-rank plans only (not node plans), without ``transform``,
@@ -172,6 +172,8 @@ class SolarLoader:
                 self.rank_plan = self.schedule.node_plan(self.rank)
                 self.memory = node_rank_memory(self.rank_plan, self.demand, self.schedule.buffer_bytes,
                                                self.batch_bytes, prefetch)
+            if buffer_device is None and self.schedule.buffer_place == "device":  # solar plan --device-buffer
+                buffer_device = _planned_device(self.schedule)
             self.buffer_device = _check_buffer_device(buffer_device, self.nodes, as_torch, device, transform,
                                                       sample_transform)
             if cpus is None:  # the rank's share of the cores it may run on (affinity / ranks on the node)
@@ -415,6 +417,17 @@ class SolarLoader:
             if not (isinstance(exc, SystemExit) and not exc.code):
                 report_and_abort(self.comm, exc)
         self.close()
+
+
+def _planned_device(schedule) -> str:
+    """The device a plan made for a device buffer (``solar plan --device-buffer``) runs on: CUDA; a SpecError
+    saying what to do where there is none."""
+    import torch
+    if not torch.cuda.is_available():
+        raise SpecError(f"{schedule.path or 'the schedule'} plans its buffer in GPU memory (solar plan "
+                        "--device-buffer), and CUDA is not available here: pass buffer_device='cpu' to run it "
+                        "on the CPU, or plan again with --buffer-per-rank")
+    return "cuda"
 
 
 def _check_buffer_device(buffer_device, nodes, as_torch, device, transform, sample_transform):

@@ -58,7 +58,7 @@ def plan(data: Union[str, "Demand", object], *, world_size: int, local_batch: Op
          seed: Optional[int] = None, drop_last: Optional[bool] = None, epsilon: Optional[float] = None,
          policy: Optional[str] = None, out: Optional[str] = None, progress: bool = False,
          split: Optional[str] = None, fields=None, window: Optional[int] = None, resume_from=None,
-         ranks_per_node: Optional[int] = None, peer_cost=None) -> Schedule:
+         ranks_per_node: Optional[int] = None, peer_cost=None, device_buffer=None) -> Schedule:
     """Plan a job and write its schedule to ``out`` (in memory if None); returns the open :class:`Schedule`.
 
     ``data``: a layout spec path / folder / HDF5 file, a :class:`~solar.layout.Layout`
@@ -82,6 +82,12 @@ def plan(data: Union[str, "Demand", object], *, world_size: int, local_batch: Op
     checkpointed job's (``local_batch``: its global batch / ``world_size``); the file (format version 5)
     starts at the state's step and the new loader accepts the old state.
 
+    ``device_buffer``: the residency planned for a buffer in GPU memory of this many bytes per rank (the planner
+    is the same, with this budget); the file says so (root attribute ``buffer_place``) and the loader then keeps
+    its pools on the GPU by default (``SolarLoader(buffer_device=...)``).  ``buffer_per_rank`` is then the host's
+    budget, checked against the reads staged on the host (up to 4 steps of misses); not with ``buffer_fraction``,
+    ``ranks_per_node`` or ``resume_from``.
+
     ``ranks_per_node``: node-shared buffers (format version 6): ranks ``n*L .. n*L+L-1`` share node n's
     buffer of L x the per-rank budget, planned with a node-pool policy (default ``"solar-peer"``: solar
     per node, plus blocks sent between nodes where ``peer_cost``, a
@@ -90,6 +96,11 @@ def plan(data: Union[str, "Demand", object], *, world_size: int, local_batch: Op
     node's ranks share memory).  Not with ``resume_from`` or ``epochs="auto"``.
     """
     check_count("world_size", world_size)
+    host_budget = None
+    if device_buffer is not None:  # the residency in device memory; buffer_per_rank stays the host's budget
+        device_buffer, host_budget = _device_budget(device_buffer, buffer_per_rank, buffer_fraction, ranks_per_node,
+                                                    resume_from)
+        buffer_per_rank, buffer_fraction = device_buffer, None
     nodes = _nodes(world_size, ranks_per_node, peer_cost, policy, resume_from, epochs)
     if nodes is not None and policy is None:
         policy = "solar-peer"
@@ -113,12 +124,68 @@ def plan(data: Union[str, "Demand", object], *, world_size: int, local_batch: Op
     cfg = PlanConfig(world_size, local_batch, epochs,
                      residency_budget(budget, demand, local_batch, epsilon, None if data is demand else data),
                      seed=0 if seed is None else seed, drop_last=bool(drop_last), epsilon=epsilon)
+    if host_budget is not None:
+        _check_staging(host_budget, demand, local_batch, epsilon, None if data is demand else data)
     S = steps_per_epoch(demand.n_samples, world_size, local_batch, cfg.drop_last)
     node_args = {} if nodes is None else {"nodes": nodes[0], "cost": nodes[1]}
     run = PlanRun(demand, cfg, pol, record=True, open_ended=window > 0, **node_args)  # before the file
     w = ScheduleWriter(out, demand, cfg, pol.name, S, source=source, layout=None if data is demand else data,
-                       window=window, nodes=nodes)
+                       window=window, nodes=nodes, buffer_place="host" if device_buffer is None else "device")
     return _write(w, out, lambda: run.advance(cfg.epochs, on_epoch=w.add_epoch, progress=progress))
+
+
+def _device_budget(device_buffer, buffer_per_rank, buffer_fraction, ranks_per_node, resume_from):
+    """``(device budget bytes, host budget bytes or None)`` of ``plan(device_buffer=...)``; SpecError for what
+    it cannot be combined with."""
+    from ..scheduler.config import parse_bytes
+    try:
+        dev = parse_bytes(device_buffer) if isinstance(device_buffer, str) else device_buffer
+    except (ValueError, SpecError):
+        raise SpecError(f"device_buffer must be bytes (an integer, or like '60GiB'), got {device_buffer!r}") from None
+    if isinstance(dev, bool) or not isinstance(dev, int) or dev < 1:
+        raise SpecError(f"device_buffer must be bytes >= 1, got {device_buffer!r}")
+    if buffer_fraction is not None:
+        raise SpecError("device_buffer= with buffer_fraction=: the device budget is in bytes; give the host's "
+                        "budget (staging for reads) as buffer_per_rank")
+    if ranks_per_node is not None:
+        raise SpecError("device_buffer= plans one buffer per rank on its GPU: not with ranks_per_node=")
+    if resume_from is not None:
+        raise SpecError("device_buffer= with resume_from=: plan the resumed job with buffer_per_rank= and run it "
+                        "with SolarLoader(buffer_device=...)")
+    host = None if buffer_per_rank is None else buffer_bytes_value(buffer_per_rank)
+    return dev, host
+
+
+def buffer_bytes_value(v) -> int:
+    """``buffer_per_rank`` given as bytes or text (``'2GiB'``) as an int; SpecError otherwise."""
+    from ..scheduler.config import parse_bytes
+    try:
+        n = parse_bytes(v) if isinstance(v, str) else v
+    except (ValueError, SpecError):
+        raise SpecError(f"buffer_per_rank must be bytes, got {v!r}") from None
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise SpecError(f"buffer_per_rank must be bytes >= 1, got {v!r}")
+    return n
+
+
+def _check_staging(host_budget: int, demand, local_batch: int, epsilon: float, layout) -> None:
+    """SpecError when a device plan's host side does not fit ``host_budget``: the misses of up to ``IO_DEPTH`` steps
+    staged on the host (at most a local batch's blocks each) and the bookkeeping."""
+    from ..buffer.sizing import bookkeeping_bytes, demand_batch_bytes
+    import numpy as np
+    n = int(np.floor(local_batch * (1 + epsilon) + 1e-9))
+    step = demand_batch_bytes(demand.sample_ptr, demand.sample_blocks, demand.block_nbytes, n)
+    keep = bookkeeping_bytes(demand.n_samples, demand.n_blocks, int(np.shape(demand.sample_blocks)[0]))
+    need = IO_DEPTH * step + keep
+    if need > host_budget:
+        from ..layout.summary import human_bytes as hb
+        raise SpecError(f"a host budget of {hb(host_budget)} per rank cannot stage a device buffer's reads: "
+                        f"{IO_DEPTH} steps of misses ({hb(step)} each at most, a local batch of {n} samples' blocks) "
+                        f"and {hb(keep)} of bookkeeping take {hb(need)}; raise buffer_per_rank or lower the local batch")
+
+
+#: Steps whose reads a buffer keeps in flight (the buffer's ``io_depth``): a device plan stages that many on the host.
+IO_DEPTH = 4
 
 
 def _plan_resumed(data, state, *, world_size: int, local_batch, epochs, buffer_per_rank, buffer_fraction, seed,

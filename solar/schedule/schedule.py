@@ -110,6 +110,11 @@ class Schedule:
         self.window = checks.attr_int(a, "window", 0, 2**31) if self.version > 3 else 0
         resume = checks.attr_str(a, "resume") if self.version == 5 else None
         nodes = checks.attr_str(a, "nodes") if self.version == 6 else None
+        #: where the plan's residency was planned to live: "host" (process memory) or "device" (``solar plan
+        #: --device-buffer``: the loader's default buffer_device is then CUDA)
+        self.buffer_place = checks.attr_str(a, "buffer_place") if "buffer_place" in a else "host"
+        if self.buffer_place not in ("host", "device"):
+            raise ScheduleError(f"{self.path}: buffer_place {self.buffer_place!r} is neither 'host' nor 'device'")
         ints = {k: checks.attr_int(a, k) for k in ("n_samples", "n_blocks", "steps_per_epoch")}
         if header_digest(a, self.version) != texts["header_sha256"]:
             raise ScheduleError(f"{self.path}: header checksum mismatch: the file is damaged")
@@ -510,6 +515,7 @@ class Schedule:
                 "fingerprint": self.fingerprint, "source": self.source_rel, "source_abs": self.source_abs,
                 "format_version": self.version, "config": self.config.to_dict(), "layout_bytes": self.layout_bytes,
                 "open_ended": self.open_ended, "window": self.window, "resume": self.resume,
+                "buffer_place": self.buffer_place,
                 "nodes": None if self.nodes is None else {"ranks_per_node": self.nodes.ranks_per_node,
                                                           "n_nodes": self.nodes.n_nodes, **self.peer_cost.to_dict()},
                 "n_samples": self.n_samples, "n_blocks": self.n_blocks, "steps_per_epoch": self.steps_per_epoch,

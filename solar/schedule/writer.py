@@ -37,12 +37,18 @@ class ScheduleWriter:
     ``{"step": first step trained, "from": the checkpointed job's loader state}``).
     ``nodes``: a node-pool plan (format version 6): ``(NodeMap, PeerCost)``; its epochs are
     :class:`~solar.scheduler.node_plan.NodeEpochPlan` s.
+    ``buffer_place="device"``: the residency was planned for a buffer in device memory (``solar plan
+    --device-buffer``): the root attribute ``buffer_place`` says so, and the loader puts the pools on the GPU by
+    default.  It decides where the buffer lives, not what is read or delivered, and is not in ``header_sha256``.
     """
 
     def __init__(self, path: Optional[str], demand: Demand, cfg: PlanConfig, policy: str, steps_per_epoch: int,
                  source: str = "", flush_bytes: int = 256 << 20, layout=None, window: int = 0,
-                 resume: Optional[dict] = None, nodes=None):
+                 resume: Optional[dict] = None, nodes=None, buffer_place: str = "host"):
         self.path, self.cfg, self.S, self.window = path, cfg, steps_per_epoch, int(window)
+        if buffer_place not in ("host", "device"):
+            raise ValueError(f"buffer_place must be 'host' or 'device', got {buffer_place!r}")
+        self.buffer_place = buffer_place
         self.resume = resume
         self.nodes, self.cost = nodes if nodes is not None else (None, None)
         if self.nodes is not None and (resume is not None or self.window):
@@ -84,6 +90,8 @@ class ScheduleWriter:
         a["version"], a["n_samples"], a["n_blocks"] = self.version, demand.n_samples, demand.n_blocks
         a["steps_per_epoch"], a["complete"] = steps_per_epoch, 0
         a["open_ended"], a["window"] = int(self.window > 0), self.window  # window > 0: the first window of K epochs
+        if self.buffer_place != "host":
+            put_text(a, "buffer_place", self.buffer_place)
         g = self.f.create_group("demand")
         _put(g, "sample_ptr", np.asarray(demand.sample_ptr, dtype="<i8"))
         _put(g, "sample_blocks", np.asarray(demand.sample_blocks, dtype=self.idt))
