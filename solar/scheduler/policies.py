@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..errors import SpecError
-from .engine import BELADY, BOUNDARY, FIFO, LRU, ROUTED, STRIDED
+from .kernel import BELADY, BOUNDARY, FIFO, LRU, ROUTED, STRIDED
 
 
 @dataclass(frozen=True)

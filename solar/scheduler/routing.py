@@ -1,15 +1,78 @@
-"""Per-step routing of the ``solar`` policy (mode ``ROUTED``), shared by the rank engine
-(:mod:`.engine`) and the node/peer engine (:mod:`.peer_engine`).  "Ranks" here are the engine's
-buffers: ranks, or nodes when ranks share a node's pool.
+"""One step's assignment of positions to buffers, shared by the rank kernel (:mod:`.engine`) and the node/peer
+kernel (:mod:`.peer_engine`): the strided split, SOLAR-2023's boundary reassignment, and the routing of the
+``solar`` policy (mode ``ROUTED``); then the step's positions grouped by buffer.  "Ranks" here are the
+kernels' buffers: ranks, or nodes when ranks share a node's pool.
 
 Pure: arrays in, arrays out; no I/O, no MPI, no clock.
 """
 from __future__ import annotations
 
 import numba as nb
-import numpy as np
 
-INF = np.int64(1) << np.int64(62)  # next use of a unit never used again
+from .kernel import BOUNDARY, COUNT, INF, STRIDED
+
+
+@nb.njit(cache=True, nogil=True)
+def assign_step(k, job, ep, buf, out, sc):
+    """Give each position of step ``k`` a buffer (``out.buf_of``), counting each buffer's samples in ``sc.cnt``.
+
+    STRIDED (and BOUNDARY after ``job.boundary_steps``): position p of the batch from lo goes to rank
+    (p - lo) % ``job.ranks``, buffer rank // ``job.per_buf`` (DistributedSampler's split); BOUNDARY before:
+    SOLAR-2023's holder first; ROUTED: :func:`route_step`.
+    """
+    lo = job.bounds[k]
+    hi = job.bounds[k + 1]
+    cnt = sc.cnt
+    buf_of = out.buf_of
+    cnt[:] = 0
+    if job.mode == STRIDED or (job.mode == BOUNDARY and k >= job.boundary_steps):
+        ranks, per_buf = job.ranks, job.per_buf
+        for p in range(lo, hi):
+            r = ((p - lo) % ranks) // per_buf
+            buf_of[p] = r
+            cnt[r] += 1
+    elif job.mode == BOUNDARY:
+        # SOLAR-2023: a sample whose first block is held goes to its holder if it has a
+        # free slot; all other samples are dealt round robin and appended (uneven sizes).
+        idx, sample_ptr, sample_blocks, owner, tk = ep.idx, ep.unit_ptr, ep.units, buf.owner, job.target[k]
+        for p in range(lo, hi):
+            a0 = sample_ptr[idx[p]]
+            o = owner[sample_blocks[a0]] if a0 < sample_ptr[idx[p] + 1] else -1  # a sample may have no block
+            if o >= 0 and cnt[o] < tk:
+                buf_of[p] = o
+                cnt[o] += 1
+            else:
+                buf_of[p] = -1
+        r = 0
+        for p in range(lo, hi):
+            if buf_of[p] < 0:
+                buf_of[p] = r
+                cnt[r] += 1
+                r = (r + 1) % job.n_buf
+    else:
+        route_step(k, job, ep, buf, buf_of, sc)
+
+
+@nb.njit(cache=True, nogil=True)
+def group_by_buffer(k, job, out, sc):
+    """Step ``k``'s positions grouped by buffer in ``sc.pos_by``/``sc.start`` (a counting sort: index order
+    inside a buffer); each buffer's sample count in ``out.st[COUNT, k]``."""
+    lo = job.bounds[k]
+    hi = job.bounds[k + 1]
+    Q = job.n_buf
+    buf_of, start, pos_by, lim, st = out.buf_of, sc.start, sc.pos_by, sc.lim, out.st
+    start[:] = 0
+    for p in range(lo, hi):
+        start[buf_of[p] + 1] += 1
+    for r in range(Q):
+        start[r + 1] += start[r]
+        st[COUNT, k, r] = start[r + 1] - start[r]
+    for r in range(Q):
+        lim[r] = start[r]
+    for p in range(lo, hi):
+        r = buf_of[p]
+        pos_by[lim[r]] = p
+        lim[r] += 1
 
 
 @nb.njit(cache=True)
@@ -42,19 +105,29 @@ def _least_due_pick(ptr, P, cnt, limit, due, slot, cap_t):
 
 
 @nb.njit(cache=True, nogil=True)
-def route_step(k, s, lo, hi, step0, S, P, idx, acc_ptr, nu, cap_lo, cap_hi, target, sample_ptr, sample_blocks,
-               block_nbytes, owner, rank_of, due, blocks_per_slot, cnt, lim, rr, aff_rank, aff_val, resv, resv_r,
-               qfar, qpos, qkey, qord, bcnt):
-    """Assign positions ``lo..hi-1`` (step ``k`` of the epoch, global step ``s``) to buffers.
+def route_step(k, job, ep, buf, rank_of, sc):
+    """Assign positions of step ``k`` (``job.bounds[k]:job.bounds[k+1]``) to buffers.
 
     (A) each sample with owned units goes to the buffer owning most of its bytes (samples of
     several units that one buffer holds whole go first), within ``cap_hi`` and keeping ``cap_lo``
     feasible; (B) the others in order of next use, soonest first, each to the free buffer with the
     fewest units due at that step (a routed miss reserves its due slot for the rest of the pass;
     the reservations are undone before returning).  Unowned units of a routed sample are claimed
-    by its buffer (``owner``), so that samples sharing them follow.  Writes ``rank_of[lo:hi]`` and
-    ``cnt`` (samples per buffer); the other arrays are scratch (see :func:`.engine.run_epoch`).
+    by its buffer (``buf.owner``), so that samples sharing them follow.  Writes ``rank_of[lo:hi]`` and
+    ``sc.cnt`` (samples per buffer); the rest of ``sc`` is scratch.
     """
+    S = job.bounds.shape[0] - 1
+    P = job.n_buf
+    step0 = ep.step0
+    s = step0 + k
+    lo = job.bounds[k]
+    hi = job.bounds[k + 1]
+    idx, acc_ptr, nu, sample_ptr, sample_blocks = ep.idx, ep.acc_ptr, ep.nu, ep.unit_ptr, ep.units
+    cap_lo, cap_hi, target, block_nbytes, blocks_per_slot = job.cap_lo, job.cap_hi, job.target, job.nbytes, \
+        job.blocks_per_slot
+    owner, due = buf.owner, buf.due
+    cnt, lim, rr, aff_rank, aff_val = sc.cnt, sc.lim, sc.rr, sc.aff_rank, sc.aff_val
+    resv, resv_r, qfar, qpos, qkey, qord, bcnt = sc.resv, sc.resv_r, sc.qfar, sc.qpos, sc.qkey, sc.qord, sc.bcnt
     n_resv = 0
     # ROUTED: pass A sends each sample with resident (or already claimed) blocks to the
     # rank holding most of its bytes, within cap_hi and keeping cap_lo feasible.

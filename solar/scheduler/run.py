@@ -20,11 +20,14 @@ from . import engine as eg
 from .config import PlanConfig
 from .epoch_order import get_epoch_order
 from .groups import expand, group_demand
+from .kernel import (COUNT, EMPTY, HIT_BYTES, HITS, INF, MISS, MISS_BYTES, N_EVICT, N_LOAD, OK, ROUTED, STORED,
+                     TOO_SMALL, Buffers, Epoch, Job, outputs)
 from .node_run import node_epoch
 from .nodes import NodeMap, PeerCost
 from .peer_engine import next_use_nodes
 from .policies import Policy, get_policy
 from .sampler import batch_bounds, epoch_indices, sampler_sizes
+from .table import ht_rebuild
 
 
 @dataclass(frozen=True)
@@ -162,7 +165,7 @@ def _next_pow2(x: int) -> int:
     return 1 << max(4, int(x - 1).bit_length())
 
 
-_TABLE_ROW = np.array([eg.EMPTY, 0, -1, 0], dtype=np.int64)  # an empty entry: (key, priority, last use, pad)
+_TABLE_ROW = np.array([EMPTY, 0, -1, 0], dtype=np.int64)  # an empty entry: (key, priority, last use, pad)
 
 
 def _table(t: Optional[np.ndarray], tsize: int):
@@ -271,7 +274,7 @@ class PlanRun:
         # a buffer of `pool` ranks takes `pool` times a rank's share and bounds
         share = np.full(S, b, dtype=np.int64)
         share[-1] = num - (S - 1) * b
-        eps = cfg.epsilon if pol.mode == eg.ROUTED else 0.0
+        eps = cfg.epsilon if pol.mode == ROUTED else 0.0
         self.cap_lo = np.maximum(1, np.ceil(share * (1 - eps) - 1e-9)).astype(np.int64) * pool
         self.cap_hi = np.floor(share * (1 + eps) + 1e-9).astype(np.int64) * pool
         self.share = share * pool
@@ -325,19 +328,25 @@ class PlanRun:
         self.hbk = np.zeros((self.P_eng, heap_cap), dtype=np.int64)
         self.hn = np.zeros(self.P_eng, dtype=np.int64)
         self.res_bytes = np.zeros(self.P_eng, dtype=np.int64)
-        self.owner, self.stamp = units[:, 2], units[:, 3]  # int64[units]: see engine.run_epoch
+        self.owner, self.stamp = units[:, 2], units[:, 3]  # int64[units]: see kernel.Buffers
         self.n_res = np.zeros(2, dtype=np.int64)
-        self.last = np.full(n_units, eg.INF, dtype=np.int64)
+        self.last = np.full(n_units, INF, dtype=np.int64)
         self.err = np.zeros(4, dtype=np.int64)
-        R = (lookahead + 1) * S + 1 if pol.mode == eg.ROUTED else 1  # next uses lie within R - 1 steps
-        self.due = np.zeros((R, self.P_eng), dtype=np.int64)  # [step % R, rank]: see engine.run_epoch
+        R = (lookahead + 1) * S + 1 if pol.mode == ROUTED else 1  # next uses lie within R - 1 steps
+        self.due = np.zeros((R, self.P_eng), dtype=np.int64)  # [step % R, rank]: see kernel.Buffers
         self.peer_ok = self.cost.peer_ok(nb, stored_nb) if self.cost else None  # bool[units]
+        # the job as the kernels see it: the peer kernel splits strided steps over P ranks, L per node
+        L = self.nodes.ranks_per_node if pol.peer else 1
+        self.job = Job(self.bounds, self.cap_lo, self.cap_hi, self.share, nb, stored_nb, unit_count,
+                       self.peer_ok if pol.peer else np.zeros(0, dtype=np.bool_), int(self.P_eng),
+                       int(P if pol.peer else self.P_eng), int(L), int(pol.mode), int(pol.evict), int(self.budget),
+                       int(self.boundary_steps), int(self.max_blocks_sample), pol.next_use != "node")
         self.planned = 0  # epoch positions planned so far
         self.first_step = 0  # step at which epoch position `planned` starts (> 0 only for position 0)
         self.window = deque()  # indices of epoch positions planned .. planned + lookahead + 1 (those known)
         # the next epoch's next-use pass runs in a second thread while the engine plans this one (both
         # release the GIL): it depends only on the permutations, never on the engine's state
-        self._last_bg = np.full(n_units, eg.INF, dtype=np.int64) if pol.next_use != "none" else None
+        self._last_bg = np.full(n_units, INF, dtype=np.int64) if pol.next_use != "none" else None
         self._next = None  # (epoch position, future of its (acc_ptr, nu, acc_blk)) computed ahead
         self._positions = None
 
@@ -349,6 +358,15 @@ class PlanRun:
         if self._positions is None:
             self._positions = np.arange(self.total, dtype=np.int64)
         return self._positions
+
+    def kernel_args(self, acc_ptr, nu, acc_blk, step0: int, record: bool, nodes: bool):
+        """``(job, epoch, buffers, out)``: the structs the kernels take (:mod:`.kernel`) for the epoch whose
+        accesses are ``(acc_ptr, nu, acc_blk)`` in position order (see :meth:`positions`), its outputs zeroed."""
+        ep = Epoch(self.positions(), acc_ptr, nu, acc_ptr, acc_blk, int(step0), int(self.first_step))
+        buf = Buffers(self.keys, self.prio, self.used, self.hk, self.hbk, self.hn, self.res_bytes, self.owner,
+                      self.stamp, self.n_res, self.due)
+        out = outputs(self.total, self.S, self.P_eng, int(acc_ptr[-1]), int(self.n_res[0]), record, nodes, self.err)
+        return self.job, ep, buf, out
 
     def source_epoch(self, pos: int) -> int:
         """The source epoch (seed offset) trained at epoch position ``pos``."""
@@ -416,7 +434,7 @@ class PlanRun:
         step0 = e * self.S
         # the units of each position's sample in position order: int64[A], and where each position's start, int64[T+1]
         acc_blk, acc_ptr = expand(idx, np.arange(self.total + 1, dtype=np.int64), sp, sb)
-        nu = np.full(int(acc_ptr[-1]), eg.INF, dtype=np.int64)
+        nu = np.full(int(acc_ptr[-1]), INF, dtype=np.int64)
         if pol.next_use == "node":
             next_use_nodes(idx, self.bounds, step0, idx_f, len(future), acc_ptr, self.cfg.world_size,
                            self.nodes.ranks_per_node, sp, sb, last, nu)
@@ -453,7 +471,7 @@ class PlanRun:
         # drop tombstones between epochs
         if self.n_res[1] > 0:
             spare, nk, npr, nus = _table(self._spare, self.tsize)
-            eg.ht_rebuild(self.keys, self.prio, self.used, nk, npr, nus)
+            ht_rebuild(self.keys, self.prio, self.used, nk, npr, nus)
             self._spare, self._table = self._table, spare
             self.keys, self.prio, self.used = nk, npr, nus
             self.n_res[1] = 0
@@ -461,34 +479,19 @@ class PlanRun:
 
     def _rank_epoch(self, e: int, idx, acc_ptr, nu, acc_blk, step0: int, result: PolicyResult, on_epoch):
         """One epoch of a policy with a buffer per rank (or one for all): the engine, then the results."""
-        pol, P_eng, S, sp, sb = self.pol, self.P_eng, self.S, self.sp, self.sb
-        empty = np.zeros(0, dtype=np.int64)
-        rank_of = np.empty(self.total, dtype=np.int32)
-        shape = (S, P_eng)
-        st = [np.zeros(shape, dtype=np.int64) for _ in range(6)]
-        if self.record:
-            load = np.empty(int(acc_ptr[-1]), dtype=np.int64)
-            evict = np.empty(int(acc_ptr[-1]) + int(self.n_res[0]) + 1, dtype=np.int64)
-            load_ptr = np.zeros(S * P_eng + 1, dtype=np.int64)
-            evict_ptr = np.zeros(S * P_eng + 1, dtype=np.int64)
-        else:
-            load = evict = load_ptr = evict_ptr = empty
-        err = self.err
-        err[:] = 0
-        n_load, n_evict = eg.run_epoch(  # on the epoch's accesses in position order (see positions())
-            self.positions(), self.bounds, acc_ptr, nu, step0, P_eng, self.cap_lo, self.cap_hi, self.share, pol.mode,
-            pol.evict, self.budget, self.boundary_steps, acc_ptr, acc_blk, self.nb, self.stored_nb, self.unit_count,
-            self.keys, self.prio, self.used, self.hk, self.hbk, self.hn, self.res_bytes, self.owner, self.stamp,
-            self.n_res, rank_of, *st,
-            self.record, load, load_ptr, evict, evict_ptr, err, self.due, self.max_blocks_sample, self.first_step)
-        if err[0] == eg.TOO_SMALL:
+        pol = self.pol
+        job, ep, buf, out = self.kernel_args(acc_ptr, nu, acc_blk, step0, self.record, False)
+        eg.run_epoch(job, ep, buf, out)  # on the epoch's accesses in position order (see positions())
+        err, rank_of = out.err, out.buf_of
+        if err[0] == TOO_SMALL:
             raise BufferTooSmall(
                 f"buffer of {self.budget:,} bytes per rank cannot hold the {int(err[3]):,} bytes of blocks that rank "
                 f"{int(err[2])} needs at step {int(err[1]) - step0} of epoch {e}: the buffer must hold at least "
                 f"one local batch")
-        if err[0] != eg.OK:
+        if err[0] != OK:
             raise RuntimeError(f"planner engine failed with status {int(err[0])} at step {int(err[1])}")
-        count, hits, hit_bytes, misses, miss_bytes, stored = st
+        count, hits, hit_bytes, misses, miss_bytes, stored = (out.st[i] for i in (COUNT, HITS, HIT_BYTES, MISS,
+                                                                                 MISS_BYTES, STORED))
         f = self.first_step
         bounds = self.bounds
         if f:  # the steps before f train nothing: keep the positions from f on
@@ -511,7 +514,7 @@ class PlanRun:
         if on_epoch is not None:
             lists = (None, None, None, None)
             if self.record:
-                lists = (load[:n_load], load_ptr, evict[:n_evict], evict_ptr)
+                lists = (out.load[:out.n[N_LOAD]], out.load_ptr, out.evict[:out.n[N_EVICT]], out.evict_ptr)
                 if self.groups is not None:  # back to layout block ids
                     g = self.groups
                     lists = (*expand(lists[0], lists[1], g.group_ptr, g.group_blocks),
