@@ -137,13 +137,7 @@ def plan(data: Union[str, "Demand", object], *, world_size: int, local_batch: Op
 def _device_budget(device_buffer, buffer_per_rank, buffer_fraction, ranks_per_node, resume_from):
     """``(device budget bytes, host budget bytes or None)`` of ``plan(device_buffer=...)``; SpecError for what
     it cannot be combined with."""
-    from ..scheduler.config import parse_bytes
-    try:
-        dev = parse_bytes(device_buffer) if isinstance(device_buffer, str) else device_buffer
-    except (ValueError, SpecError):
-        raise SpecError(f"device_buffer must be bytes (an integer, or like '60GiB'), got {device_buffer!r}") from None
-    if isinstance(dev, bool) or not isinstance(dev, int) or dev < 1:
-        raise SpecError(f"device_buffer must be bytes >= 1, got {device_buffer!r}")
+    dev = _bytes_arg("device_buffer", device_buffer)
     if buffer_fraction is not None:
         raise SpecError("device_buffer= with buffer_fraction=: the device budget is in bytes; give the host's "
                         "budget (staging for reads) as buffer_per_rank")
@@ -152,19 +146,18 @@ def _device_budget(device_buffer, buffer_per_rank, buffer_fraction, ranks_per_no
     if resume_from is not None:
         raise SpecError("device_buffer= with resume_from=: plan the resumed job with buffer_per_rank= and run it "
                         "with SolarLoader(buffer_device=...)")
-    host = None if buffer_per_rank is None else buffer_bytes_value(buffer_per_rank)
-    return dev, host
+    return dev, None if buffer_per_rank is None else _bytes_arg("buffer_per_rank", buffer_per_rank)
 
 
-def buffer_bytes_value(v) -> int:
-    """``buffer_per_rank`` given as bytes or text (``'2GiB'``) as an int; SpecError otherwise."""
+def _bytes_arg(name: str, v) -> int:
+    """``v``, bytes given as an int or text (``'60GiB'``), as an int >= 1; SpecError naming ``name`` otherwise."""
     from ..scheduler.config import parse_bytes
     try:
         n = parse_bytes(v) if isinstance(v, str) else v
     except (ValueError, SpecError):
-        raise SpecError(f"buffer_per_rank must be bytes, got {v!r}") from None
+        raise SpecError(f"{name} must be bytes (an integer, or like '60GiB'), got {v!r}") from None
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise SpecError(f"buffer_per_rank must be bytes >= 1, got {v!r}")
+        raise SpecError(f"{name} must be bytes >= 1, got {v!r}")
     return n
 
 
