@@ -27,11 +27,12 @@ import time
 
 import numpy as np
 
-from solar.buffer import SlotPools, StepBlocks, size_classes
+from solar.buffer import SlotPools, StepBlocks
 from solar.gen import GenConfig, Storage, generate
 from solar.io import get_reader
 from solar.layout import load_layout
 from solar.loader import BatchAssembler
+from solar.memory import size_classes
 
 
 def resident_buffer(layout):

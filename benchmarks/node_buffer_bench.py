@@ -19,10 +19,10 @@ import time
 from mpi4py import MPI
 
 from solar.buffer.node_manager import NodeBufferManager
-from solar.buffer.sizing import batch_bytes
 from solar.io import get_reader
 from solar.layout import load_layout
 from solar.loader.assemble import BatchAssembler
+from solar.memory import batch_bytes
 from solar.scheduler.config import PlanConfig
 from solar.scheduler.node_plan import NODE_STATS, plan_nodes
 from solar.scheduler.nodes import NodeMap

@@ -6,7 +6,8 @@ loader executes that plan: most storage reads of a data-parallel job become buff
 trains on exactly the global batches DistributedSampler would give it.
 
 Data flows one way: layout (``solar.layout``) -> planner (``solar.scheduler``) ->
-schedule file -> buffer (``solar.buffer``) <- readers (``solar.io``) -> torch.
+schedule file -> buffer (``solar.buffer``) <- readers (``solar.io``) -> torch.  The memory model planner
+and buffer share (``solar.memory``: pure, arrays in, numbers out) sits below both.
 
 Command line (``solar COMMAND --help``)
     solar gen PRESET OUTDIR       synthetic datasets with real projects' layouts

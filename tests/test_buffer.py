@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import solar
-from solar.buffer import size_classes, slots_needed
 from solar.loader import SolarLoader
+from solar.memory import size_classes, slots_needed
 from solar.schedule import RankPlan, Schedule, ScheduleError
 from solar.scheduler import Demand
 

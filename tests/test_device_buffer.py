@@ -10,9 +10,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import solar
-from solar.buffer import SlotPools, StepBlocks, size_classes
+from solar.buffer import SlotPools, StepBlocks
 from solar.buffer.device_pools import DevicePools, copy_runs
 from solar.loader import BatchAssembler, SolarLoader
+from solar.memory import size_classes
 from solar.schedule import RankPlan
 from solar.scheduler.run import BufferTooSmall
 

@@ -13,10 +13,11 @@ from hypothesis import strategies as st
 
 import solar
 from solar.bench.cache import cached_fraction
-from solar.buffer import BufferError, SlotPools, StepBlocks, size_classes
+from solar.buffer import BufferError, SlotPools, StepBlocks
 from solar.io import assemble_sample, get_reader
 from solar.layout import LayoutSpec, build_layout
 from solar.loader import BatchAssembler, SolarLoader
+from solar.memory import size_classes
 from solar.schedule import RankPlan
 
 CASES = [(p, s) for p in SMALL for s in STORAGES]

@@ -1,5 +1,5 @@
 """The buffer budget is the memory used (issue 13): planner and runtime account memory the same way
-(solar.buffer.sizing), batches and reads in flight counted inside the budget, checked before reading."""
+(solar.memory), batches and reads in flight counted inside the budget, checked before reading."""
 import subprocess
 import sys
 from unittest import mock
@@ -9,9 +9,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import solar
-import solar.buffer.sizing as sz
+import solar.memory as mem
 from solar.buffer import BufferError, rank_memory
 from solar.errors import SpecError
+from solar.schedule.memory import schedule_memory
 from solar.loader import SolarLoader
 
 from helpers import STORAGES, make_dataset
@@ -29,9 +30,9 @@ def datasets(tmp_path_factory):
 def _budget(layout, frac: float, b: int) -> int:
     """A per-rank budget of ``frac`` of the data (2 ranks) plus what its batches and bookkeeping take."""
     n = int(layout.block_nbytes.sum())
-    keep = sz.bookkeeping_bytes(layout.n_samples, layout.block_nbytes.shape[0], layout.sample_blocks.shape[0])
-    per_sample = sz.demand_batch_bytes(layout.sample_ptr, layout.sample_blocks, layout.block_nbytes, 1)
-    return int(frac * n / 2) + sz.reserve_bytes(sz.batch_bytes(layout, 2 * b), keep) + 2 * b * per_sample
+    keep = mem.bookkeeping_bytes(layout.n_samples, layout.block_nbytes.shape[0], layout.sample_blocks.shape[0])
+    per_sample = mem.demand_batch_bytes(layout.sample_ptr, layout.sample_blocks, layout.block_nbytes, 1)
+    return int(frac * n / 2) + mem.reserve_bytes(mem.batch_bytes(layout, 2 * b), keep) + 2 * b * per_sample
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -42,11 +43,11 @@ def test_plans_of_random_configurations_fit_the_budget(datasets, case, b, frac, 
     (no allowance on top here: the whole reserve is taken from the budget), pools <= 1.05 x budget."""
     layout = datasets[case]
     budget = _budget(layout, frac, b)
-    with mock.patch.object(sz, "PLAN_ALLOWANCE", 0):
+    with mock.patch.object(mem.budget, "PLAN_ALLOWANCE", 0):
         s = solar.plan(layout, world_size=2, local_batch=b, epochs=3, buffer_per_rank=budget, seed=seed,
                        epsilon=eps)
         for r in range(2):
-            need = sz.schedule_memory(s, r, layout)
+            need = schedule_memory(s, r, layout)
             assert need.resident <= s.buffer_bytes, (case, r, need)  # per-class pools = the planner's bytes
             assert need.total <= need.limit <= budget, (case, r, need, budget)
             assert need.pools <= 1.05 * budget
@@ -61,7 +62,7 @@ def test_well_pools_hold_no_evictions_beyond_the_budget(tmp_path):
     solar.plan(layout, world_size=2, local_batch=4, epochs=3, buffer_fraction=0.5, out=path).close()
     for r in range(2):
         with SolarLoader(path, layout, rank=r, as_torch=False) as loader:
-            bb = sz.batch_bytes(layout, 4)
+            bb = mem.batch_bytes(layout, 4)
             for e in range(3):
                 loader.set_epoch(e)
                 n = sum(len(batch["index"]) for batch in loader)
@@ -74,10 +75,10 @@ def test_plan_takes_batches_from_the_budget(datasets):
     """solar.plan plans the residency for the budget minus the queued batches, reads in flight and bookkeeping."""
     layout = datasets[("ptychonn", "contiguous")]
     budget = _budget(layout, 0.5, 2)
-    keep = sz.bookkeeping_bytes(layout.n_samples, layout.block_nbytes.shape[0], layout.sample_blocks.shape[0])
-    with mock.patch.object(sz, "PLAN_ALLOWANCE", 0):
+    keep = mem.bookkeeping_bytes(layout.n_samples, layout.block_nbytes.shape[0], layout.sample_blocks.shape[0])
+    with mock.patch.object(mem.budget, "PLAN_ALLOWANCE", 0):
         s = solar.plan(layout, world_size=2, local_batch=2, epochs=2, buffer_per_rank=budget)
-        assert s.buffer_bytes == budget - sz.reserve_bytes(sz.batch_bytes(layout, 2), keep)
+        assert s.buffer_bytes == budget - mem.reserve_bytes(mem.batch_bytes(layout, 2), keep)
         with pytest.raises(SpecError, match=r"budget of 1000 B per rank leaves nothing for the buffer: 2 \+ 2 batches of 2 samples"):
             solar.plan(layout, world_size=2, local_batch=2, epochs=2, buffer_per_rank=1000)
 
@@ -87,7 +88,7 @@ def test_too_deep_prefetch_refused_before_reading(datasets, tmp_path):
     fits, at SolarLoader construction, before any block is read."""
     layout = datasets[("ptychonn", "contiguous")]
     path = str(tmp_path / "plan.h5")
-    with mock.patch.object(sz, "PLAN_ALLOWANCE", 0):
+    with mock.patch.object(mem.budget, "PLAN_ALLOWANCE", 0):
         solar.plan(layout, world_size=2, local_batch=2, epochs=2, buffer_per_rank=_budget(layout, 0.5, 2),
                    out=path).close()
     from solar.io.pread_reader import PreadReader
@@ -105,7 +106,7 @@ def test_rank_memory_counts_what_the_buffer_allocates(datasets, tmp_path):
     """The figures the buffer reports are the ones it allocates: pools = slots x slot sizes."""
     layout = datasets[("pdebench", "chunked")]
     s = solar.plan(layout, world_size=2, local_batch=2, epochs=2, buffer_per_rank=_budget(layout, 0.5, 2))
-    bb = sz.batch_bytes(layout, 4)
+    bb = mem.batch_bytes(layout, 4)
     need, slots, class_of, class_bytes = rank_memory(s.rank(1), s.demand(), budget=s.buffer_bytes,
                                                      batch_bytes=bb, prefetch=2, io_depth=4)
     assert need.pools == int((slots * class_bytes).sum())
@@ -130,7 +131,7 @@ def test_memory_of_every_rank_keeps_no_slice(tmp_path):
     """schedule_memory(keep=False) (what `solar inspect` runs over every rank) leaves no rank slice cached."""
     layout = solar.load_layout(make_dataset(tmp_path, "ptychonn"))
     with solar.plan(layout, world_size=2, local_batch=2, epochs=2, buffer_fraction=0.5) as s:
-        sz.schedule_memory(s, 1, layout, keep=False)
+        schedule_memory(s, 1, layout, keep=False)
         assert not s._ranks
-        sz.schedule_memory(s, 1, layout)
+        schedule_memory(s, 1, layout)
         assert list(s._ranks) == [1]

@@ -24,12 +24,11 @@ from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 from conftest import on_root
 from helpers import h5py_sample, make_dataset
 from solar.buffer.node_manager import NodeBufferManager, PeerFailed
-from solar.buffer.node_pools import (NodeBufferError, READ_SPLITS, assign_slots, get_read_split, node_memory,
-                                     split_spread, staging_lists)
-from solar.buffer.sizing import batch_bytes, size_classes, slots_needed
+from solar.buffer.node_pools import NodeBufferError, READ_SPLITS, assign_slots, get_read_split, split_spread
 from solar.io import get_reader
 from solar.io.reader import ReadStats
 from solar.layout import load_layout
+from solar.memory import batch_bytes, node_memory, size_classes, slots_needed, staging_lists
 from solar.loader.assemble import BatchAssembler
 from solar.scheduler.config import PlanConfig
 from solar.scheduler.node_plan import NODE_STATS, plan_nodes

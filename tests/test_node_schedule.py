@@ -371,24 +371,25 @@ def test_node_plans_fit_their_memory_staging_included(small_presets):
     stay within the memory its ranks' budgets make (no allowance on top: the whole reserve comes out of the
     budget), on every preset x storage with random jobs (fixed seed)."""
     from unittest import mock
-    import solar.buffer.sizing as sz
+    import solar.memory as mem
+    from solar.schedule.memory import schedule_node_memory
     rng = np.random.default_rng(7)
     checked = 0
     for (p, s), lay in sorted(small_presets.items()):
-        keep = sz.bookkeeping_bytes(lay.n_samples, lay.block_nbytes.shape[0], lay.sample_blocks.shape[0])
-        per_sample = sz.demand_batch_bytes(lay.sample_ptr, lay.sample_blocks, lay.block_nbytes, 1)
+        keep = mem.bookkeeping_bytes(lay.n_samples, lay.block_nbytes.shape[0], lay.sample_blocks.shape[0])
+        per_sample = mem.demand_batch_bytes(lay.sample_ptr, lay.sample_blocks, lay.block_nbytes, 1)
         for _ in range(2):
             b, frac, L = int(rng.integers(1, 4)), float(rng.uniform(0.1, 1.2)), int(rng.choice([2, 4]))
             P = L * int(rng.integers(1, 3))
-            budget = int(frac * lay.block_nbytes.sum() / P) + sz.reserve_bytes(sz.batch_bytes(lay, 2 * b), keep) \
+            budget = int(frac * lay.block_nbytes.sum() / P) + mem.reserve_bytes(mem.batch_bytes(lay, 2 * b), keep) \
                 + 2 * b * per_sample
             policy = str(rng.choice(["solar-peer", "solar-node"]))
-            with mock.patch.object(sz, "PLAN_ALLOWANCE", 0):
+            with mock.patch.object(mem.budget, "PLAN_ALLOWANCE", 0):
                 sched = plan(lay, world_size=P, local_batch=b, epochs=3, buffer_per_rank=budget, ranks_per_node=L,
                              policy=policy)
                 with sched:
                     for n in range(P // L):
-                        m = sz.schedule_node_memory(sched, n, lay)
+                        m = schedule_node_memory(sched, n, lay)
                         assert m.resident <= L * sched.buffer_bytes
                         assert m.resident + m.staging + m.batches + m.bookkeeping <= m.limit, (p, s, policy, m)
                         # the runtime keeps 8 more bytes per block than the planner counts (staging slots)

@@ -15,7 +15,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from ..buffer.sizing import DEFAULT_PREFETCH
+from ..memory import DEFAULT_PREFETCH
 
 #: Seconds after which a baseline's epoch is stopped and its rate taken over what it delivered.
 BASELINE_TIME_LIMIT = 120.0
@@ -219,7 +219,7 @@ def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float
         out["pool_bytes_per_node" if nodes else "pool_bytes_per_rank"] = comm.allreduce(
             loader.buffer.pools.capacity_bytes if loader.buffer else 0, op=_max())  # a node plan's: the node's window
         out["buffer_budget_per_rank"] = loader.schedule.buffer_bytes  # the planner's residency budget
-        # the memory the plan needs, of the rank (node) that needs most (solar.buffer.sizing), next to the RSS growth
+        # the memory the plan needs, of the rank (node) that needs most (solar.memory), next to the RSS growth
         needs = comm.allgather(loader.memory.to_dict())
         out["memory_need_per_node" if nodes else "memory_need_per_rank"] = max(needs, key=lambda m: m["total"])
         if nodes:
@@ -470,7 +470,7 @@ def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fra
         if device != "cpu" or model != "none":
             consume = _consumer(step, spec, layout, local_batch, node.rank)
             report["device"] = consume.describe()
-        from ..buffer.sizing import schedule_memory, schedule_node_memory
+        from ..schedule.memory import schedule_memory, schedule_node_memory
         with Schedule.load(schedule) as sch:  # the memory solar may use per rank: what the baselines get too
             if sch.nodes is None:
                 budget = int(schedule_memory(sch, comm.rank, layout, prefetch=prefetch).limit)
@@ -698,7 +698,8 @@ def format_report(r: dict) -> str:
             lines.append(f"solar node plan: {s['policy']}, {s['ranks_per_node']} ranks per node sharing one buffer; "
                          f"node memory {human_bytes(s['memory_need_per_node']['total'])} on the largest node")
         if "memory_need_per_rank" in s:
-            from ..buffer.sizing import MemoryNeed, format_memory
+            from ..memory import MemoryNeed
+            from ..schedule.summary import format_memory
             m = s["memory_need_per_rank"]
             need = MemoryNeed(**{k: m[k] for k in ("resident", "staging", "batches", "bookkeeping", "limit",
                                                    "prefetch")})

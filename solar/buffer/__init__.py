@@ -2,7 +2,8 @@
 
 :class:`BufferManager` consumes a rank's slice of the schedule and a reader; its
 memory is a set of preallocated slot pools (:mod:`solar.buffer.pool`) sized by
-replaying the plan, within the memory the plan was made for (:mod:`solar.buffer.sizing`).
+replaying the plan, within the memory the plan was made for (:mod:`solar.memory`: the
+model the planner shares).
 :class:`NodeBufferManager` runs a node plan: the ranks of a node share one pool in an MPI
 shared-memory window, and nodes send each other blocks as planned.
 """
@@ -10,7 +11,6 @@ from .manager import BufferError, BufferManager, BufferTotals, StepBlocks, StepS
 from .node_manager import NodeBufferManager
 from .node_pools import NodeBufferError
 from .pool import SlotPools
-from .sizing import DEFAULT_PREFETCH, FIXED_OVERHEAD, MemoryNeed, batch_bytes, size_classes, slots_needed
 
-__all__ = ["BufferManager", "BufferError", "NodeBufferManager", "NodeBufferError", "BufferTotals", "DEFAULT_PREFETCH", "FIXED_OVERHEAD", "MemoryNeed",
-           "StepBlocks", "StepStats", "SlotPools", "batch_bytes", "rank_memory", "size_classes", "slots_needed"]
+__all__ = ["BufferManager", "BufferError", "NodeBufferManager", "NodeBufferError", "BufferTotals", "StepBlocks",
+           "StepStats", "SlotPools", "rank_memory"]

@@ -13,7 +13,7 @@ the step's blocks are resident::
 ``lookup`` is a :class:`StepBlocks`: it also gives the step's blocks and their slots as
 arrays, for assembly in one call per field (:mod:`solar.buffer.gather`).
 
-Memory (:mod:`solar.buffer.sizing`): the slot pools (the plan's residency, plus slots for
+Memory (:mod:`solar.memory`, the model the planner shares): the slot pools (the plan's residency, plus slots for
 reads in flight as far as the limit allows), ``prefetch`` assembled batches waiting in the
 queue and the one the training loop holds, and the per-block bookkeeping; checked against the
 memory the plan was made for before the prefetch thread starts.
@@ -29,8 +29,8 @@ from typing import Any, Callable, Deque, Dict, Optional
 import numpy as np
 
 from ..errors import SolarError
+from ..memory import DEFAULT_PREFETCH, bookkeeping_bytes, memory_need
 from .pool import SlotPools
-from .sizing import DEFAULT_PREFETCH, bookkeeping_bytes, memory_need
 from .warmup import resident_at, used_before_evicted
 
 
@@ -157,8 +157,8 @@ class BufferManager(StepQueue):
     steps' :class:`StepStats` ``totals.per_step`` keeps (0: none); the totals are exact.
 
     ``budget``: the plan's residency budget (``Schedule.buffer_bytes``); ``batch_bytes``: bytes of
-    one assembled batch (:func:`~solar.buffer.sizing.batch_bytes`; 0 when ``assemble`` makes
-    nothing sizeable).  ``memory`` (a :class:`~solar.buffer.sizing.MemoryNeed`) is what the rank
+    one assembled batch (:func:`~solar.memory.batch_bytes`; 0 when ``assemble`` makes
+    nothing sizeable).  ``memory`` (a :class:`~solar.memory.MemoryNeed`) is what the rank
     needs; when it exceeds the memory the plan was made for, the constructor raises :class:`BufferError` naming the figures, before anything is read.
 
     ``place``: where the pools live: None, process memory; a torch device (``"cuda"``, or ``"cpu"`` standing in
@@ -406,7 +406,7 @@ class BufferManager(StepQueue):
 def rank_memory(rank_plan, demand: Dict[str, np.ndarray], *, budget: int, batch_bytes: int, prefetch: int,
                 io_depth: int):
     """``(MemoryNeed, slots int64[C], class_of int32[B], class_bytes int64[C])`` of a rank running
-    ``rank_plan`` (:func:`solar.buffer.sizing.memory_need`); BufferError if it is over the limit."""
+    ``rank_plan`` (:func:`solar.memory.memory_need`); BufferError if it is over the limit."""
     keep = bookkeeping_bytes(np.shape(demand["sample_ptr"])[0] - 1, np.shape(demand["block_nbytes"])[0],
                              np.shape(demand["sample_blocks"])[0])
     out = memory_need(rank_plan, np.asarray(demand["block_nbytes"], np.int64), residency_budget=int(budget),
@@ -416,7 +416,7 @@ def rank_memory(rank_plan, demand: Dict[str, np.ndarray], *, budget: int, batch_
 
 
 def _check_memory(need, rank: int) -> None:
-    """BufferError when rank ``rank``'s :class:`~solar.buffer.sizing.MemoryNeed` is over its limit:
+    """BufferError when rank ``rank``'s :class:`~solar.memory.MemoryNeed` is over its limit:
     the figures, and the largest ``prefetch`` that fits (if any)."""
     if need.fits:
         return

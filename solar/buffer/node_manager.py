@@ -46,10 +46,10 @@ from typing import Any, Callable, Deque, Dict, List, Optional
 import numpy as np
 
 from ..errors import SolarError
+from ..memory import DEFAULT_PREFETCH, plan_node_memory
 from .manager import BufferTotals, StepBlocks, StepQueue, StepStats, _Closed, step_blocks
 from .node_pools import (DONE, FAILED, CLOSED, FLAG, READ, RECV, NodeBufferError, SharedPools, assign_slots,
-                         check_node_memory, get_read_split, node_comm, plan_node_memory)
-from .sizing import DEFAULT_PREFETCH
+                         check_node_memory, get_read_split, node_comm)
 from .warmup import resident_at
 
 TAG_MOD = 32000      # transfer tags: step % TAG_MOD (MPI guarantees tags up to 32767)
@@ -126,7 +126,7 @@ class NodeBufferManager(StepQueue):
     ``node_plan.nodes.world_size``, rank ``rank``); None only for a plan of one rank.  ``budget``:
     the per-rank residency budget the plan was made for (the node's is ``ranks_per_node`` x it);
     ``batch_bytes``: one assembled batch (0 when ``assemble`` makes nothing sizeable).  The node's
-    memory (:func:`~solar.buffer.node_pools.node_memory`) is checked against ranks x the per-rank
+    memory (:func:`~solar.memory.node_memory`) is checked against ranks x the per-rank
     limit before anything is read.  ``read_split``: a name of
     :data:`~solar.buffer.node_pools.READ_SPLITS`.  ``timeout``: seconds without progress while
     waiting for other ranks before raising :class:`NodeBufferError` (None: wait as long as they

@@ -14,22 +14,22 @@ first), and each step gets ``after[g]``: the step that every rank of the node mu
 before step g's reads may overwrite their slots (:func:`assign_slots`).  With more slots than the
 plan's peak (room for reads in flight), FIFO reuse lets reads run ahead.
 
-Pure parts (no I/O, no MPI, no clock): :func:`assign_slots`, :func:`staging_lists`,
-:func:`node_memory`, the read splits of :data:`READ_SPLITS`.
+Pure parts (no I/O, no MPI, no clock): :func:`assign_slots`, the read splits of :data:`READ_SPLITS`.
+How many slots of each class the pool and the staging area get, and the window's size and layout, are
+the memory model's (:mod:`solar.memory.node`, shared with the planner's summary).
 """
 from __future__ import annotations
 
 import platform
 import time
-from dataclasses import asdict, dataclass
 from typing import Callable, Dict, Optional
 
 import numba as nb
 import numpy as np
 
 from ..errors import SolarError
+from ..memory.node import HEADER_KINDS, LINE, MESSAGE_BYTES, NodeMemory, class_offsets, header_bytes
 from .pool import SlotPools, pool_memory
-from .sizing import memory_limit, pool_slots, slots_needed
 
 
 class NodeBufferError(SolarError):
@@ -128,21 +128,6 @@ def assign_slots(class_of: np.ndarray, slots: np.ndarray, load: np.ndarray, load
     return slot, after
 
 
-def staging_lists(stage: np.ndarray, stage_ptr: np.ndarray, recv: np.ndarray, recv_ptr: np.ndarray):
-    """The staging area as load/evict lists: ``(load, load_ptr, evict, evict_ptr)``, each step's
-    staged then received blocks loaded at g and evicted at g + 1 (pointers int64[G+1])."""
-    stage, recv = np.asarray(stage, np.int64), np.asarray(recv, np.int64)
-    G = int(np.shape(stage_ptr)[0] - 1)
-    ns, nr = np.diff(stage_ptr), np.diff(recv_ptr)  # (G,) each
-    step = np.concatenate([np.repeat(np.arange(G), ns), np.repeat(np.arange(G), nr)])  # (s+r,) step of each
-    order = np.argsort(step, kind="stable")  # staged before received inside a step
-    load = np.concatenate([stage, recv])[order]
-    load_ptr = np.zeros(G + 1, dtype=np.int64)
-    np.cumsum(ns + nr, out=load_ptr[1:])
-    evict_ptr = np.concatenate([[0], load_ptr[:-1]]).astype(np.int64) if G else np.zeros(1, np.int64)
-    return load, load_ptr, load[:int(evict_ptr[-1])], evict_ptr
-
-
 # ---------------------------------------------------------------- who reads what
 def split_spread(stored: np.ndarray, L: int) -> np.ndarray:
     """int64[L+1]: the ranks of a node read contiguous runs of the step's reads (sorted by block),
@@ -174,113 +159,6 @@ def get_read_split(name: str) -> Callable[[np.ndarray, int], np.ndarray]:
 
 
 # ---------------------------------------------------------------- memory
-@dataclass(frozen=True)
-class NodeMemory:
-    """One node's buffer memory in bytes: ``resident`` (pool slots for the plan's residency),
-    ``staging`` (slots for one step's staged and received blocks at the plan's peak), ``ahead``
-    (extra slots of both, for reads in flight), ``batches`` and ``bookkeeping`` (its ranks' own),
-    ``limit`` (ranks x the memory each rank's plan was made for), ``window`` (bytes of the
-    shared window: header + pools).
-
-    ``fits``: the parts the planner reserves (residency, batches, bookkeeping) are within
-    ``limit``.  The staging area is not reserved by the node planner (it plans the pool's
-    residency only), so it may take the total beyond ``limit``: ``over_limit`` says by how much.
-    """
-
-    resident: int
-    staging: int
-    ahead: int
-    batches: int
-    bookkeeping: int
-    limit: int
-    window: int
-
-    @property
-    def total(self) -> int:
-        return self.resident + self.staging + self.ahead + self.batches + self.bookkeeping
-
-    @property
-    def fits(self) -> bool:
-        return self.resident + self.batches + self.bookkeeping <= self.limit
-
-    @property
-    def over_limit(self) -> int:
-        return max(0, self.total - self.limit)
-
-    def to_dict(self) -> dict:
-        return dict(asdict(self), total=self.total, over_limit=self.over_limit)
-
-
-HEADER_KINDS = 4          # READ, DONE, FLAG, RECV counters per local rank
-READ, DONE, FLAG, RECV = range(HEADER_KINDS)
-RUNNING, FAILED, CLOSED = 0, 1, 2
-LINE = 8                  # int64 per counter: one 64-byte cache line each (one writer per line)
-MESSAGE_BYTES = 256       # a failed rank's one-line message, per local rank
-ALIGN = 4096
-
-
-def header_bytes(L: int) -> int:
-    raw = HEADER_KINDS * L * LINE * 8 + L * MESSAGE_BYTES
-    return -(-raw // ALIGN) * ALIGN
-
-
-def class_offsets(class_bytes: np.ndarray, slots: np.ndarray, start: int) -> np.ndarray:
-    """int64[C]: where each class's slots start in the window (64-byte aligned, after ``start``)."""
-    out = np.empty(np.shape(slots)[0], dtype=np.int64)
-    pos = int(start)
-    for c, (sz, n) in enumerate(zip(np.asarray(class_bytes).tolist(), np.asarray(slots).tolist())):
-        out[c] = pos
-        pos += -(-int(sz) * int(n) // 64) * 64
-    return out
-
-
-def node_memory(class_of: np.ndarray, class_bytes: np.ndarray, main: tuple, staging: tuple, *, L: int,
-                budget: int, batch: int, bookkeeping: int, prefetch: int, io_depth: int):
-    """``(NodeMemory, slots int64[2C])``: slots of the pool (classes 0..C-1) and of the staging
-    area (classes C..2C-1) for a node of ``L`` ranks.
-
-    ``main``/``staging``: the ``(load, load_ptr, evict, evict_ptr)`` lists of the pool and of the
-    staging area (:func:`staging_lists`).  Both get at least their plan's peak; slots held for
-    ``io_depth - 1`` steps of reads in flight are added as far as the node's limit allows
-    (``L`` x :func:`~solar.buffer.sizing.memory_limit` of the per-rank ``budget``).
-    """
-    C = int(np.shape(class_bytes)[0])
-    cb2 = np.concatenate([class_bytes, class_bytes]).astype(np.int64)  # (2C,)
-    base, want = [], []
-    for lists in (main, staging):
-        args = (class_of, C, np.asarray(lists[0], np.int64), lists[1], np.asarray(lists[2], np.int64), lists[3])
-        b = slots_needed(*args, window=0)
-        base.append(b)
-        want.append(slots_needed(*args, window=max(0, int(io_depth) - 1)) if io_depth > 1 else b)
-    base2, want2 = np.concatenate(base), np.concatenate(want)  # (2C,) each
-    limit = L * memory_limit(int(budget), int(batch), int(bookkeeping))
-    batches = L * (int(prefetch) + 1) * int(batch)
-    keep = L * int(bookkeeping)
-    slots = pool_slots(base2, want2, cb2, limit - batches - keep)
-    resident = int((base2[:C] * class_bytes).sum())
-    stage = int((base2[C:] * class_bytes).sum())
-    ahead = int((slots * cb2).sum()) - resident - stage
-    window = int(class_offsets(cb2, slots, header_bytes(L))[-1] + -(-int(cb2[-1] * slots[-1]) // 64) * 64) \
-        if C else header_bytes(L)
-    return NodeMemory(resident, stage, ahead, batches, keep, limit, window), slots
-
-
-def plan_node_memory(lists: Dict[str, np.ndarray], block_nbytes: np.ndarray, n_samples: int, nnz: int, *, L: int,
-                     budget: int, batch: int, prefetch: int, io_depth: int):
-    """What a node running its plan needs: ``(NodeMemory, slots int64[2C], class_of int[B], class_bytes
-    int64[C], main, staging)`` for the node's ``lists`` (:meth:`~solar.scheduler.node_plan.NodePlan.node`),
-    ``main``/``staging`` the pool's and the staging area's ``(load, load_ptr, evict, evict_ptr)``."""
-    from .sizing import bookkeeping_bytes, size_classes
-    B = int(np.shape(block_nbytes)[0])
-    class_of, class_bytes = size_classes(np.asarray(block_nbytes, np.int64))
-    main = (lists["load"], lists["load_ptr"], lists["evict"], lists["evict_ptr"])
-    stg = staging_lists(lists["stage"], lists["stage_ptr"], lists["recv"], lists["recv_ptr"])
-    keep = bookkeeping_bytes(int(n_samples), B, int(nnz)) + 8 * B
-    mem, slots = node_memory(class_of, class_bytes, main, stg, L=L, budget=budget, batch=batch, bookkeeping=keep,
-                             prefetch=prefetch, io_depth=io_depth)
-    return mem, slots, class_of, class_bytes, main, stg
-
-
 def check_node_memory(m: NodeMemory, node: int, L: int) -> None:
     """NodeBufferError when what the planner reserves (pool, batches, bookkeeping) is over the node's limit."""
     if m.fits:
@@ -293,6 +171,10 @@ def check_node_memory(m: NodeMemory, node: int, L: int) -> None:
 
 
 # ---------------------------------------------------------------- the window
+READ, DONE, FLAG, RECV = range(HEADER_KINDS)  # each local rank's counters (the header's size: solar.memory.node)
+RUNNING, FAILED, CLOSED = 0, 1, 2             # values of FLAG
+
+
 def node_comm(comm, node: int):
     """The communicator of this rank's node (``comm.Split(color=node)``, ranks in ``comm`` order);
     on a real cluster the NodeMap comes from the topology and this equals

@@ -32,7 +32,7 @@ class SlotPools:
     its free slots as a stack in an int64 array (``top[c]`` of them free, lowest
     index on top), so :meth:`alloc_many`/:meth:`free_many` take a whole step's
     blocks in a few numpy calls per class.  The pools are the plan's peak (sized by
-    :mod:`~solar.buffer.sizing`), resident from the start (:func:`pool_memory`).
+    :mod:`solar.memory`), resident from the start (:func:`pool_memory`).
 
     ``memory``: a uint8 buffer to carve the pools from instead (a shared-memory window of
     node-shared pools, :mod:`solar.buffer.node_pools`): class c starts at ``offsets[c]``

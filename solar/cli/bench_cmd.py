@@ -6,7 +6,7 @@ import contextlib
 import json
 import sys
 
-from ..buffer.sizing import DEFAULT_PREFETCH
+from ..memory import DEFAULT_PREFETCH
 from ..scheduler.config import parse_bytes
 from ..scheduler.policies import NODE_POLICIES
 from .argtypes import byte_size, positive_int, seconds

@@ -18,9 +18,9 @@ from typing import Callable, Optional, Sequence, TYPE_CHECKING, Union
 
 import numpy as np
 
-from ..buffer import BufferManager, batch_bytes, rank_memory
-from ..buffer.sizing import DEFAULT_PREFETCH, max_local_batch
+from ..buffer import BufferManager, rank_memory
 from ..errors import SolarError, SpecError
+from ..memory import DEFAULT_PREFETCH, batch_bytes, max_local_batch
 from ..mpi import agree
 from ..schedule import Schedule, ScheduleError
 from ..scheduler.config import check_state_epoch
@@ -160,7 +160,7 @@ class SolarLoader:
         try:
             self.schedule.check(layout=self.layout)
             self.demand = self.schedule.demand()
-            # this rank's memory (solar.buffer.sizing), checked against what the plan was made for before any
+            # this rank's memory (solar.memory), checked against what the plan was made for before any
             # file is opened (whether it fits does not depend on the reader: reads in flight get what is left)
             self.batch_bytes = batch_bytes(self.layout, max_local_batch(self.schedule.config))
             if self.nodes is None:

@@ -48,9 +48,10 @@ def check_node_placement(nodes, comm, path: str = "the schedule") -> None:
 
 
 def node_rank_memory(plan, demand: Dict[str, np.ndarray], budget: int, batch_bytes: int, prefetch: int):
-    """:class:`~solar.buffer.node_pools.NodeMemory` of the node of ``plan`` (a
+    """:class:`~solar.memory.NodeMemory` of the node of ``plan`` (a
     :class:`~solar.schedule.schedule.NodeRankPlan`); NodeBufferError if it is over its limit."""
-    from ..buffer.node_pools import check_node_memory, plan_node_memory
+    from ..buffer.node_pools import check_node_memory
+    from ..memory import plan_node_memory
     L = plan.nodes.ranks_per_node
     mem = plan_node_memory(plan.node(plan.node_id), demand["block_nbytes"], np.shape(demand["sample_ptr"])[0] - 1,
                            np.shape(demand["sample_blocks"])[0], L=L, budget=int(budget), batch=int(batch_bytes),

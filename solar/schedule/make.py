@@ -6,6 +6,7 @@ import os
 from typing import Optional, Tuple, Union
 
 from ..errors import SpecError
+from ..memory import bookkeeping_bytes, demand_batch_bytes, residency_budget
 from ..scheduler.config import (MAX_BYTES, PlanConfig, check_count, check_drop_last, check_epochs,
                                 check_epsilon, check_fraction, parse_bytes)
 from ..scheduler.policies import get_policy
@@ -117,8 +118,7 @@ def plan(data: Union[str, "Demand", object], *, world_size: int, local_batch: Op
     pol = _policy("solar" if policy is None else policy, nodes is not None)
     out = _out_path(out)
     data, demand, source = _inputs(data, out, progress, split, fields)
-    from ..buffer.sizing import residency_budget  # the budget is all the rank's memory: batches held back
-    budget = buffer_bytes(demand, world_size, buffer_per_rank, buffer_fraction)
+    budget = buffer_bytes(demand, world_size, buffer_per_rank, buffer_fraction)  # all the rank's memory
     epsilon = check_epsilon(0.0 if epsilon is None else epsilon)  # before the budget, which uses it
     drop_last = check_drop_last(bool(drop_last) if drop_last is None else drop_last)
     cfg = PlanConfig(world_size, local_batch, epochs,
@@ -164,7 +164,6 @@ def _bytes_arg(name: str, v) -> int:
 def _check_staging(host_budget: int, demand, local_batch: int, epsilon: float, layout) -> None:
     """SpecError when a device plan's host side does not fit ``host_budget``: the misses of up to ``IO_DEPTH`` steps
     staged on the host (at most a local batch's blocks each) and the bookkeeping."""
-    from ..buffer.sizing import bookkeeping_bytes, demand_batch_bytes
     import numpy as np
     n = int(np.floor(local_batch * (1 + epsilon) + 1e-9))
     step = demand_batch_bytes(demand.sample_ptr, demand.sample_blocks, demand.block_nbytes, n)
@@ -199,7 +198,6 @@ def _plan_resumed(data, state, *, world_size: int, local_batch, epochs, buffer_p
                              local_batch=local_batch, epochs=epochs, seed=seed, drop_last=drop_last,
                              epsilon=epsilon, policy=policy)
     pol = _policy(job.policy)
-    from ..buffer.sizing import residency_budget
     budget = buffer_bytes(demand, world_size, buffer_per_rank, buffer_fraction)
     cfg = PlanConfig(world_size, job.local_batch, job.epochs,
                      residency_budget(budget, demand, job.local_batch, job.epsilon, None if data is demand else data),

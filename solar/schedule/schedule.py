@@ -12,6 +12,7 @@ import numpy as np
 from ..errors import SolarError
 from . import checks
 from .format import FORMAT, NODE_LISTS, NODE_PEERS, RANK_LISTS, READABLE_VERSIONS, STATS, array_digest, header_digest
+from .memory import schedule_memory_summary
 
 # what h5py, numpy and json raise on a damaged file (turned into ScheduleError where the file is read)
 LOW_LEVEL = (OSError, KeyError, ValueError, TypeError, RuntimeError, IndexError, OverflowError, RecursionError)
@@ -509,7 +510,6 @@ class Schedule:
                     "steady_peer_hit_rate": float(e["peer_bytes"][steady_epochs].sum() / d.sum()) if d.sum() else 0.0})}
 
     def summary(self) -> dict:
-        from ..buffer.sizing import schedule_memory_summary
         p = self.predicted()
         return {"path": self.path, "policy": self.policy, "solar_version": self.solar_version,
                 "fingerprint": self.fingerprint, "source": self.source_rel, "source_abs": self.source_abs,

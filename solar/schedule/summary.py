@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from ..layout.summary import human_bytes
+from ..memory import MemoryNeed
 
 
 def format_schedule(s: dict) -> str:
@@ -77,8 +78,17 @@ def _layout_line(s: dict) -> str:
     return f"  layout: not stored ({why}): every rank builds it from the HDF5 files"
 
 
+def format_memory(need) -> str:
+    """One line: what a rank's memory is made of (a :class:`~solar.memory.MemoryNeed`; ``solar inspect``,
+    ``solar bench``)."""
+    hb = human_bytes
+    return (f"{hb(need.total)} (pools {hb(need.resident)} resident + {hb(need.staging)} reads in flight, "
+            f"{need.prefetch} + 1 batches {hb(need.batches)}, bookkeeping {hb(need.bookkeeping)}; "
+            f"planned for {hb(need.limit)})")
+
+
 def _memory_text(m: dict) -> str:
-    """The memory line of a schedule summary (:func:`solar.buffer.sizing.format_memory`)."""
+    """The memory line of a schedule summary (:func:`format_memory`; a node plan's per node)."""
     if "error" in m:
         return f"unknown ({m['error']})"
     if m.get("per_node"):
@@ -87,6 +97,5 @@ def _memory_text(m: dict) -> str:
                 f"{human_bytes(m['batches'])}, bookkeeping {human_bytes(m['bookkeeping'])}; planned for "
                 f"{human_bytes(m['limit'])}" + (f", staging over it by {human_bytes(m['over_limit'])}"
                                                  if m["over_limit"] else "") + ")")
-    from ..buffer.sizing import MemoryNeed, format_memory
     return format_memory(MemoryNeed(**{k: m[k] for k in ("resident", "staging", "batches", "bookkeeping", "limit",
                                                           "prefetch")}))

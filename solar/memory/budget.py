@@ -1,0 +1,84 @@
+"""The memory of a rank's budget that is not resident blocks: batches, bookkeeping, the reserve
+:func:`solar.plan <solar.schedule.plan>` holds back, and the limit a plan was made for (pure)."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import SpecError
+
+#: Assembled batches waiting in the queue by default (``SolarLoader(prefetch=...)``, ``solar bench --prefetch``).
+#: Reads run up to ``io_depth`` (4) steps further ahead into pool slots, so a short queue costs no
+#: read depth; each queued batch is memory the residency does not get (see docs/runtime.md).
+DEFAULT_PREFETCH = 2
+#: Batches and bookkeeping a plan does not take from the budget (so that small budgets of small
+#: datasets still plan): a rank's :func:`~solar.memory.memory_need` is at most the budget plus this.
+PLAN_ALLOWANCE = 16 << 20
+#: Bytes per rank beyond the budget that do not grow with the dataset: :data:`PLAN_ALLOWANCE`, numba's
+#: LLVM and the compiled gather kernels (~43 MiB measured), thread stacks and the reader's per-thread
+#: scratch (one stored chunk each).  What ``solar bench`` compares the RSS growth with.
+FIXED_OVERHEAD = 64 << 20
+#: Bytes per block the buffer keeps: ``slot_of`` int64 + ``class_of`` int32 + ``block_nbytes`` int64.
+BLOCK_BOOKKEEPING = 20
+
+
+def batch_bytes(layout, n: int) -> int:
+    """Bytes of one assembled batch of ``n`` samples of ``layout`` (the largest sample shape;
+    fields 64-byte aligned in one allocation, as :class:`~solar.loader.assemble.BatchAssembler` makes them)."""
+    best = 0
+    for _, shapes, dtypes in layout.sample_shape_groups():
+        per = sum(-(-n * int(np.prod(shp, dtype=np.int64)) * np.dtype(dtypes[k]).itemsize // 64) * 64
+                  for k, shp in shapes.items())
+        best = max(best, per)
+    return int(best)
+
+
+def max_local_batch(cfg) -> int:
+    """The most samples one rank gets in a step under ``cfg`` (a PlanConfig): floor(b (1 + epsilon))."""
+    return int(np.floor(cfg.local_batch * (1 + cfg.epsilon) + 1e-9))
+
+
+def demand_batch_bytes(sample_ptr: np.ndarray, sample_blocks: np.ndarray, block_nbytes: np.ndarray, n: int) -> int:
+    """Upper bound of :func:`batch_bytes` when only the sample -> block map is known: ``n`` times the
+    most decoded block bytes one sample needs (exact for one block per sample)."""
+    sp, nb = np.asarray(sample_ptr, np.int64), np.asarray(block_nbytes, np.int64)
+    if sp.shape[0] < 2:
+        return 0
+    csum = np.concatenate(([0], np.cumsum(nb[np.asarray(sample_blocks, np.int64)])))
+    return int(n * int((csum[sp[1:]] - csum[sp[:-1]]).max()))
+
+
+def bookkeeping_bytes(n_samples: int, n_blocks: int, n_refs: int) -> int:
+    """Bytes of the per-block and per-sample arrays the buffer keeps (grow with the dataset)."""
+    return int(BLOCK_BOOKKEEPING * n_blocks + 8 * (n_samples + 1) + 8 * n_refs)
+
+
+def reserve_bytes(batch: int, bookkeeping: int, prefetch: int = DEFAULT_PREFETCH) -> int:
+    """Bytes of a rank's budget that are not for resident blocks: ``prefetch`` queued batches, the
+    batch the training loop holds, one batch of reads in flight (``batch`` bytes each), and the
+    bookkeeping.  ``solar.plan`` plans the residency for ``budget - reserve_bytes(...)``."""
+    return int((prefetch + 2) * batch + bookkeeping)
+
+
+def memory_limit(residency_budget: int, batch: int, bookkeeping: int) -> int:
+    """The memory per rank a plan with this residency budget was made for (:func:`reserve_bytes` added)."""
+    return int(residency_budget + reserve_bytes(batch, bookkeeping))
+
+
+def residency_budget(budget: int, demand, local_batch: int, epsilon: float, layout=None) -> int:
+    """The planner's budget for resident blocks when a rank may use ``budget`` bytes in all:
+    ``budget - (reserve_bytes(...) - PLAN_ALLOWANCE)`` (batches of ``layout``, else bounded from
+    ``demand``, a :class:`~solar.scheduler.Demand`).  SpecError naming the figures when nothing is left."""
+    n = int(np.floor(local_batch * (1 + epsilon) + 1e-9))
+    batch = batch_bytes(layout, n) if layout is not None else demand_batch_bytes(
+        demand.sample_ptr, demand.sample_blocks, demand.block_nbytes, n)
+    keep = bookkeeping_bytes(demand.n_samples, demand.n_blocks, int(np.shape(demand.sample_blocks)[0]))
+    reserve = max(0, reserve_bytes(batch, keep) - PLAN_ALLOWANCE)
+    if reserve >= budget:
+        from ..layout.summary import human_bytes as hb
+        raise SpecError(f"a budget of {hb(budget)} per rank leaves nothing for the buffer: "
+                        f"{DEFAULT_PREFETCH} + 2 batches of {n} samples ({hb(batch)} each: queued, in "
+                        f"training, read in flight) and {hb(keep)} of bookkeeping take "
+                        f"{hb(reserve + PLAN_ALLOWANCE)}, {hb(PLAN_ALLOWANCE)} of it on top; "
+                        f"raise the budget or lower the local batch")
+    return int(budget - reserve)
+
