@@ -106,7 +106,9 @@ def say(accelerator, line: str):
 def train(accelerator, args) -> None:
     from solar.torch import SolarDataset
 
-    ds = SolarDataset(args.plan)   # rank and world size from torch.distributed (set up by Accelerator)
+    # rank and world size from torch.distributed (set up by Accelerator); with CUDA the batches are built in pinned
+    # memory, so DataLoader's pin_memory passes them through and the copy to the GPU can overlap the step
+    ds = SolarDataset(args.plan, pin_memory=accelerator.device.type == "cuda")
     P, S = ds.loader.schedule.world_size, len(ds)
     if accelerator.num_processes != P:
         trainer.fail(f"{args.plan} is planned for {P} ranks but Accelerate runs {accelerator.num_processes} "
@@ -132,7 +134,8 @@ def train(accelerator, args) -> None:
         say(accelerator, f"resumed from {args.checkpoint} at step {state.next_step} "
                          f"(epoch {state.next_step // S}, step {state.next_step % S} of {S})")
     stop = min(args.max_steps or epochs * S, epochs * S)
-    dl = DataLoader(ds, batch_size=None, num_workers=0, pin_memory=accelerator.device.type == "cuda")
+    on_gpu = ds.loader.buffer_device is not None  # solar plan --device-buffer: batches already on the GPU
+    dl = DataLoader(ds, batch_size=None, num_workers=0, pin_memory=accelerator.device.type == "cuda" and not on_gpu)
     seen = ds.stats()                      # the buffer's hit and miss counts at the last epoch end
     for epoch in range(state.next_step // S, epochs):
         if state.next_step >= stop:

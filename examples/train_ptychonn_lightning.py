@@ -44,7 +44,9 @@ def main(argv=None) -> int:
     from solar.torch import SolarDataset
 
     args = parse_args(argv)
-    ds = SolarDataset(args.plan)   # rank from torchrun's RANK / WORLD_SIZE
+    # rank from torchrun's RANK / WORLD_SIZE; with CUDA the batches are built in pinned memory (Lightning's copy to
+    # the GPU is then asynchronous)
+    ds = SolarDataset(args.plan, pin_memory=torch.cuda.is_available())
     args.data = ds.loader.schedule.source
     task = Ptycho()
     task.configure(args)

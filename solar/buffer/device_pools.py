@@ -42,8 +42,9 @@ def torch_device(device):
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             raise SpecError(f"buffer_device {device!r}: CUDA is not available in this process")
-        if dev.index is None:
-            dev = torch.device("cuda", torch.cuda.current_device())
+        if dev.index is None:  # the rank's GPU, as init_distributed picks it: local rank mod the GPUs seen
+            from ..topology import detect
+            dev = torch.device("cuda", detect().local_rank % torch.cuda.device_count())
     return dev
 
 
@@ -79,9 +80,13 @@ class DevicePools(SlotPools):
         self.cuda = self.device.type == "cuda"
         self.stream = torch.cuda.Stream(device=self.device) if self.cuda else None
         cb, n = np.asarray(class_bytes, np.int64), np.asarray(slots, np.int64)
-        # the free-slot stacks as SlotPools keeps them; the memory is the device's (not SlotPools' host pools)
+        # the free-slot stacks as SlotPools keeps them; the memory is the device's (not SlotPools' host pools),
+        # allocated on the side stream that alone writes and reads it: the caching allocator then waits for that
+        # stream's work before it gives the memory to anyone else (see close)
         self.class_bytes, self.slots = cb, n
-        self.arrays = [torch.empty((int(k), int(sz)), dtype=torch.uint8, device=self.device) for sz, k in zip(cb, n)]
+        with self._on_stream():
+            self.arrays = [torch.empty((int(k), int(sz)), dtype=torch.uint8, device=self.device)
+                           for sz, k in zip(cb, n)]
         self.stack = [np.arange(int(k) - 1, -1, -1, dtype=np.int64) for k in n]
         self.top = [int(k) for k in n]
 
@@ -151,6 +156,12 @@ class DevicePools(SlotPools):
         return bclass, bslot, [*self.arrays, host.to(self.device, non_blocking=True)], \
             np.append(self.class_bytes, width)
 
+    def close(self) -> None:
+        """Wait for the work queued on the side stream (copies into the pools, gathers out of them) before the
+        pools may be dropped: their memory must not go to a new owner while a late copy still writes it."""
+        if self.stream is not None:
+            self.stream.synchronize()
+
     # ------------------------------------------------------------- helpers
     def _on_stream(self):
         import contextlib
@@ -169,20 +180,18 @@ class DevicePools(SlotPools):
 
 def copy_runs(src, dst, runs: np.ndarray, index) -> None:
     """``dst[d:d+n] = src[s:s+n]`` for every run ``(s, d, n)`` of ``runs`` (int64[r, 3]); ``src``/``dst`` 1-D
-    uint8 tensors on one device, ``index(values)`` makes an int64 index tensor there.  Runs of one length go in
-    one ``index_select`` from a sliding-window view of ``src`` and one ``index_copy_`` into ``dst`` viewed as
-    rows of that length (a byte index where a run does not start at a multiple of it)."""
+    uint8 tensors on one device, ``index(values)`` makes an int64 index tensor there.  Runs of one length ``L``
+    go in one ``index_select`` from a sliding-window view of ``src`` and one ``index_copy_`` into ``dst`` viewed
+    as rows of ``g`` bytes, ``g`` the greatest common divisor of ``L`` and every destination start (``L`` when
+    the runs start at multiples of it): ``L / g`` row indices a run."""
     lengths = runs[:, 2]
     for L in np.unique(lengths).tolist():
         sel = runs[lengths == L]
         got = src.unfold(0, L, 1).index_select(0, index(sel[:, 0]))  # (k, L): each run's bytes
         starts = sel[:, 1]
-        if not (starts % L).any():
-            whole = (dst.shape[0] // L) * L
-            dst[:whole].view(-1, L).index_copy_(0, index(starts // L), got)
-        else:
-            pos = (starts[:, None] + np.arange(L, dtype=np.int64)[None, :]).reshape(-1)
-            dst.index_copy_(0, index(pos), got.reshape(-1))
+        g = int(np.gcd.reduce(np.append(starts, L)))
+        rows = (starts[:, None] // g + np.arange(L // g, dtype=np.int64)[None, :]).reshape(-1)
+        dst[:(dst.shape[0] // g) * g].view(-1, g).index_copy_(0, index(rows), got.reshape(-1, g))
 
 
 def _typed(flat, dtype, shape):
