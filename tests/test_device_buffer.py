@@ -253,3 +253,21 @@ def test_a_plan_for_a_device_buffer(tmp_path, capsys):
         assert why in capsys.readouterr().err
     assert main(["plan", data, "-P", "2", "-b", "3", "--epochs", "2", "-o", str(tmp_path / "z.h5")]) == 2
     assert "--buffer-per-rank, --buffer-fraction or --device-buffer" in capsys.readouterr().err
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 200), st.integers(1, 12)), min_size=1, max_size=12), st.integers(0, 3))
+def test_copy_runs_equals_a_copy_per_run(runs, pad):
+    """Runs of any lengths at any source offsets, laid end to end (with ``pad`` bytes between) in the destination:
+    the same bytes as copying each run on its own (the row width is the gcd of the length and the starts)."""
+    src = torch.from_numpy(np.random.default_rng(len(runs)).integers(0, 256, 256, dtype=np.uint8))
+    rows, d = [], 0
+    for s, n in runs:
+        rows.append((s, d, n))
+        d += n + pad
+    dst = torch.zeros(d + 16, dtype=torch.uint8)
+    want = dst.numpy().copy()
+    for s, dd, n in rows:
+        want[dd:dd + n] = src.numpy()[s:s + n]
+    copy_runs(src, dst, np.array(rows, np.int64), lambda v: torch.from_numpy(np.asarray(v, np.int64)))
+    assert np.array_equal(dst.numpy(), want)
