@@ -195,3 +195,10 @@ def test_copy_limit_and_os_read_bytes():
     assert r["gbps"] > 0 and r["cpus"] == 2 and r["bytes"] == 8 << 20
     before = os_read_bytes()
     assert isinstance(before, int) and before >= 0
+
+
+def test_a_gpu_buffer_needs_the_gpu_device(tmp_path, capsys):
+    from solar.cli import main
+    data = make_dataset(tmp_path, "ptychonn", "contiguous", samples=8)
+    assert main(["bench", data, "--buffer-device", "cuda", "--no-abort-on-error", "--no-progress"]) == 2
+    assert "--buffer-device cuda needs --device cuda" in capsys.readouterr().err

@@ -271,3 +271,49 @@ def test_copy_runs_equals_a_copy_per_run(runs, pad):
         want[dd:dd + n] = src.numpy()[s:s + n]
     copy_runs(src, dst, np.array(rows, np.int64), lambda v: torch.from_numpy(np.asarray(v, np.int64)))
     assert np.array_equal(dst.numpy(), want)
+
+
+def test_a_device_buffers_resume_stages_its_reads_in_parts(tmp_path, monkeypatch):
+    """The warm-up of a resumed device buffer reads the resident blocks in parts of bounded host staging (all at
+    once it would pin as much host memory as the GPU buffer holds), and the batches are the same."""
+    import solar.buffer.manager as manager
+    monkeypatch.setattr(manager, "WARMUP_STAGING", 4096)  # a few blocks a part
+    staged = []
+    orig = DevicePools.stage
+
+    def stage(self, classes, slots, nbytes):
+        staged.append(int(np.sum(nbytes)))
+        return orig(self, classes, slots, nbytes)
+    monkeypatch.setattr(DevicePools, "stage", stage)
+    data = make_dataset(tmp_path, "ptychonn", "chunked", samples=30)
+    path = str(tmp_path / "plan.h5")
+    solar.plan(data, world_size=1, local_batch=3, epochs=2, buffer_fraction=0.6, out=path).close()
+    with SolarLoader(path, data, rank=0, cpus=1) as full:
+        ref = _epochs(full, 2)
+    with SolarLoader(path, data, rank=0, cpus=1) as a:
+        a.set_epoch(0)
+        it = iter(a)
+        [next(it) for _ in range(6)]
+        state = a.state_dict()
+    staged.clear()
+    with SolarLoader(path, data, rank=0, cpus=1, buffer_device="cpu") as b:
+        b.load_state_dict(state)
+        got = list(b) + [x for x in (b.set_epoch(1), list(b))[1]]
+        warm = b.buffer.warmup["blocks"]
+    assert warm > 2 and len(staged) >= 2 and max(staged[:2]) <= 4096 + 1024  # the first parts: the warm-up's
+    for i, (x, y) in enumerate(zip(got, ref[6:])):
+        _same(x, y, f"step {i + 6}")
+
+
+def test_device_given_with_a_planned_gpu_buffer_is_where_the_batches_are(tmp_path, monkeypatch):
+    """A plan made with --device-buffer and SolarLoader(device='cuda'): the batches are gathered on the GPU
+    already, so device= is dropped instead of refused (the user never named buffer_device); with CUDA mocked and
+    the CPU standing in for the GPU's memory."""
+    import solar.loader.loader as ld
+    data = make_dataset(tmp_path, "ptychonn", "contiguous", samples=12)
+    path = str(tmp_path / "dev.h5")
+    solar.plan(data, world_size=1, local_batch=3, epochs=1, device_buffer="200KiB", out=path).close()
+    monkeypatch.setattr(ld, "_planned_device", lambda schedule: "cpu")
+    with SolarLoader(path, data, rank=0, cpus=1, device="cuda") as a:
+        assert a.buffer_device == torch.device("cpu") and a.hooks.mover is None
+        assert len(list(a)) == 4

@@ -120,6 +120,8 @@ def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float
     loader = SolarLoader(schedule_path, layout, comm=comm, reader=reader, threads=threads, prefetch=prefetch,
                          as_torch=True, epoch_fence=True, abort_on_error=abort_on_error, reader_options=reader_options,
                          pin_memory=cuda, device=consume.device if cuda else None, **opts)
+    gpu_buffer = loader.buffer_device if loader.buffer_device is not None and loader.buffer_device.type == "cuda" \
+        else None
     out = {"reader": loader.reader_name, "reader_options": dict(reader_options or {}), "epochs": [],
            "cpus": loader.cpus, "buffer_device": None if loader.buffer_device is None else str(loader.buffer_device)}
     nodes = loader.nodes is not None  # a node plan: transfers between nodes are counted too
@@ -165,6 +167,9 @@ def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float
                     bar.update()
             if consume is not None:
                 consume.sync()  # the epoch ends when the device has run its last step
+            if gpu_buffer is not None:  # and when the device buffer's last gather is done
+                import torch
+                torch.cuda.synchronize(gpu_buffer)
             secs = time.perf_counter() - t0 + (startup if e == 0 else 0.0)
             io_read = os_read_bytes() - io0
             if bar is not None:
@@ -205,8 +210,10 @@ def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float
                 storage_vs_plan=read / planned if planned else None,
                 blocks_vs_plan=sum(x[16] for x in per_rank) / planned if planned else None,
                 os_read_bytes=sum(x[17] for x in per_rank),
-                # the hit path: the rate of assembling (copying) the delivered bytes, the slowest rank's
-                assemble_gbps=min((x[19] / x[18] / 1e9 for x in per_rank if x[18] > 0), default=None), **util))
+                # the hit path: the rate of assembling (copying) the delivered bytes, the slowest rank's (None for a
+                # buffer on a device: the host only queues the gathers there, their time is the device's)
+                assemble_gbps=None if loader.buffer_device is not None else
+                min((x[19] / x[18] / 1e9 for x in per_rank if x[18] > 0), default=None), **util))
             if tracer is not None:
                 out["epochs"][-1].update(_replay(tracer, layout, comm, threads))
             if probe is not None:

@@ -228,6 +228,9 @@ class BufferManager(StepQueue):
             self._cv.notify_all()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join()
+        close = getattr(self.pools, "close", None)
+        if close is not None:  # device pools: the copies queued on the device done before the pools may go
+            close()
 
     def __enter__(self):
         return self
@@ -307,10 +310,14 @@ class BufferManager(StepQueue):
                                    sample_blocks=self.sample_blocks, n_blocks=B)
         self._ghost[blocks[~need]] = True
         blocks = blocks[need]
-        views, pending = self._alloc(blocks)
-        self.warmup = {"blocks": int(blocks.shape[0]), "skipped": int((~need).sum()),
-                       "bytes_read": int(self.reader.read_blocks(blocks, views).bytes_read)}
-        self._commit(pending)
+        self.warmup = {"blocks": int(blocks.shape[0]), "skipped": int((~need).sum()), "bytes_read": 0}
+        # device pools stage their reads on the host: in parts of at most WARMUP_STAGING bytes, not all at once
+        parts = [blocks] if not getattr(self.pools, "on_device", False) else \
+            _parts_of(blocks, self.block_nbytes[blocks], WARMUP_STAGING)
+        for part in parts:
+            views, pending = self._alloc(part)
+            self.warmup["bytes_read"] += int(self.reader.read_blocks(part, views).bytes_read)
+            self._commit(pending)
 
     def _alloc(self, blocks: np.ndarray):
         """Slots for ``blocks`` (distinct, not resident; all or nothing: MemoryError leaves
@@ -401,6 +408,22 @@ class BufferManager(StepQueue):
         with self._cv:
             self._ready[g], self._stats[g] = out, st
             self._cv.notify_all()
+
+
+#: Host bytes a device buffer's resume stages at once (its warm-up reads the resident blocks in parts this big).
+WARMUP_STAGING = 256 << 20
+
+
+def _parts_of(blocks: np.ndarray, nbytes: np.ndarray, limit: int) -> list:
+    """``blocks`` in consecutive parts of at most ``limit`` bytes each (``nbytes`` per block; a larger block alone)."""
+    out, start, acc = [], 0, 0
+    for i, n in enumerate(nbytes.tolist()):
+        if acc and acc + n > limit:
+            out.append(blocks[start:i])
+            start, acc = i, 0
+        acc += n
+    out.append(blocks[start:])
+    return [p for p in out if p.shape[0]] or [blocks]
 
 
 def rank_memory(rank_plan, demand: Dict[str, np.ndarray], *, budget: int, batch_bytes: int, prefetch: int,

@@ -168,6 +168,9 @@ def run(args) -> int:
         if args.ranks_per_node is None and any(given):
             raise SpecError("--policy, --network-bandwidth and --storage-bandwidth need --ranks-per-node "
                             "(a node plan)")
+        if args.buffer_device == "cuda" and args.device != "cuda":
+            raise SpecError("--buffer-device cuda needs --device cuda (solar's batches are gathered on the GPU; "
+                            "the baselines' must go there too, and the GPU each rank uses is set by it)")
         cost = None
         if given[1] or given[2]:
             cost = PeerCost(DEFAULT_NETWORK_BPS if args.network_bandwidth is None else args.network_bandwidth,

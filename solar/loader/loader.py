@@ -174,6 +174,8 @@ class SolarLoader:
                                                self.batch_bytes, prefetch)
             if buffer_device is None and self.schedule.buffer_place == "device":  # solar plan --device-buffer
                 buffer_device = _planned_device(self.schedule)
+                if device is not None and torch_device_type(device) == "cuda":
+                    device = None  # asked for the GPU: the planned buffer's batches are there already
             self.buffer_device = _check_buffer_device(buffer_device, self.nodes, as_torch, device, transform,
                                                       sample_transform)
             if cpus is None:  # the rank's share of the cores it may run on (affinity / ranks on the node)
@@ -417,6 +419,16 @@ class SolarLoader:
             if not (isinstance(exc, SystemExit) and not exc.code):
                 report_and_abort(self.comm, exc)
         self.close()
+
+
+def torch_device_type(device) -> str:
+    """``"cuda"``, ``"cpu"``, ...: the type of a device given as text or ``torch.device`` (``""`` if torch cannot
+    read it; the loader's own checks then name it)."""
+    import torch
+    try:
+        return torch.device(device).type
+    except (RuntimeError, TypeError):
+        return ""
 
 
 def _planned_device(schedule) -> str:
