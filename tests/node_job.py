@@ -119,12 +119,22 @@ def main():
             if tot is None:  # --mode leave: this rank closed its buffer early, as a loop that breaks
                 print(f"node_job: rank {comm.rank} left after step {args.fail_step}", flush=True)
                 time.sleep(args.linger)
-                os._exit(0)
+                leave()
         except Exception as exc:  # noqa: BLE001 - reported, then this rank ends on its own
             print(f"node_job: rank {comm.rank} raised {type(exc).__name__}: {exc}", flush=True)
             time.sleep(args.linger)  # the launcher ends the job when a rank leaves: let the others finish first
-            os._exit(0)
+            leave()
     print(f"node_job: rank {comm.rank} done {tot.steps} {tot.bytes_read}", flush=True)
+
+
+def leave():
+    """End this rank at once (no interpreter teardown, no buffer clean-up), but through MPI_Finalize: the other ranks
+    finalize as they exit, and MPICH's Finalize waits for every rank; a rank that never reached it left them waiting
+    until the test's time limit (the job "still ran", 2 runs in 10)."""
+    from mpi4py import MPI
+    if MPI.Is_initialized() and not MPI.Is_finalized():
+        MPI.Finalize()
+    os._exit(0)
 
 
 if __name__ == "__main__":
