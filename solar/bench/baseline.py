@@ -37,7 +37,7 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampl
 from ..errors import SolarError
 from ..layout import load_layout
 from .cache import largest_left
-from .consume import epoch_utilisation
+from .consume import epoch_au
 
 START_METHODS = ("forkserver", "spawn")
 #: The baselines: per-sample h5py (``torch``, ``h5py-cache``), per-batch reads (``memmap``, ``batched``).
@@ -444,13 +444,7 @@ def run_baseline(spec_path: str, *, comm, local_batch: int, epochs: int, seed: i
             if deaths:
                 raise BaselineFailed(f"{kind} failed in epoch {e}: {'; '.join(deaths)}")
             verified = _verify(layout, r["picked"]) if verify else 0
-            if consume is not None:
-                from ..mpi import sleep_barrier
-                sleep_barrier(comm)  # every rank at once, as in the epoch
-                device_only = consume.device_only(r["sizes"])
-            else:
-                device_only = len(r["sizes"]) * step_time if step_time else None
-            util = epoch_utilisation(comm.allgather((device_only, r["seconds"])))
+            util = epoch_au(consume, comm, r["sizes"], step_time, r["seconds"])
             per_rank = comm.allgather((r["seconds"], r["stall"], r["samples"], r["bytes"], left, r["partial"]))
             seconds = max(x[0] for x in per_rank)
             total = sum(x[2] for x in per_rank)

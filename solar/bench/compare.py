@@ -112,7 +112,7 @@ def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float
     from ..mpi import sleep_barrier
     from .cache import largest_left
     from .baseline import _verify
-    from .consume import epoch_utilisation
+    from .consume import epoch_au
     from .limits import os_read_bytes
     rss0 = rss_bytes()
     opts = dict(loader_options or {})
@@ -175,12 +175,7 @@ def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float
             if bar is not None:
                 bar.close()
             picked = [(i, {k: v.cpu() for k, v in f.items()}) for i, f in picked]
-            if consume is not None:
-                sleep_barrier(comm)  # every rank at once, as in the epoch
-                device_only = consume.device_only(sizes)
-            else:
-                device_only = len(sizes) * step_time if step_time else None
-            util = epoch_utilisation(comm.allgather((device_only, secs)))
+            util = epoch_au(consume, comm, sizes, step_time, secs)
             peak_rss = max(peak_rss, rss_bytes())
             verified = _verify(layout, picked, who="solar")  # after the timer; a difference ends the job
             planned = predicted["storage_bytes"][e]  # stored bytes of the blocks the plan loads in epoch e
@@ -286,8 +281,6 @@ def measure_disk(layout, depth: int = 16, depths=BEST_DEPTHS) -> dict:
                 sequential_read_gbps=seq["bytes_per_s"] / 1e9, block_bytes=block, random=rnd, sequential=seq,
                 random_by_depth={str(d): g for d, g in sorted(by_depth.items())}, best_random_read_gbps=by_depth[best],
                 best_depth=best)
-
-
 
 
 def measure_random(layout, depth: int = 16) -> float:
@@ -762,7 +755,7 @@ def format_report(r: dict) -> str:
         if d0.get("random_by_depth"):
             lines.append("disk cold random read by reads in flight: "
                          + ", ".join(f"{k}: {v:.2f}" for k, v in d0["random_by_depth"].items())
-                         + f" GB/s; limit_ratio against the best depth: "
+                         + " GB/s; limit_ratio against the best depth: "
                          + ", ".join(f"{ep['limit_ratio_best_depth']:.2f}" if ep.get("limit_ratio_best_depth")
                                      is not None else "-" for ep in eps))
         if r.get("copy"):

@@ -254,3 +254,16 @@ def epoch_utilisation(per_rank: List[Tuple[Optional[float], float]]) -> dict:
     au = float(np.mean(aus))
     return {"au": au, "au_min": float(min(aus)), "gpu_wait_fraction": 1.0 - au,
             "device_only_s": float(max(d for d, _ in per_rank))}
+
+
+def epoch_au(consume, comm, sizes: List[int], step_time: float, seconds: float) -> dict:
+    """:func:`epoch_utilisation` of an epoch just timed on every rank of ``comm`` (collective): the device-only
+    time of its steps (local batch ``sizes``) run by ``consume`` on its resident batch, all ranks at once as in
+    the epoch; without a consumer ``step_time`` per step (None: nothing to compare with)."""
+    if consume is not None:
+        from ..mpi import sleep_barrier
+        sleep_barrier(comm)
+        device_only = consume.device_only(sizes)
+    else:
+        device_only = len(sizes) * step_time if step_time else None
+    return epoch_utilisation(comm.allgather((device_only, seconds)))
