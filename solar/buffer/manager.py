@@ -29,7 +29,7 @@ from typing import Any, Callable, Deque, Dict, Optional
 import numpy as np
 
 from ..errors import SolarError
-from ..memory import DEFAULT_PREFETCH, bookkeeping_bytes, memory_need
+from ..memory import DEFAULT_IO_DEPTH, DEFAULT_PREFETCH, bookkeeping_bytes, memory_need
 from .pool import SlotPools
 from .warmup import resident_at, used_before_evicted
 
@@ -174,7 +174,7 @@ class BufferManager(StepQueue):
     def __init__(self, rank_plan, demand: Dict[str, np.ndarray], reader, assemble: Callable[..., Any], *,
                  budget: int, prefetch: int = DEFAULT_PREFETCH, start: int = 0, stop: Optional[int] = None,
                  keep_step_stats: int = KEEP_STEP_STATS, verify: bool = True, fence: Optional[int] = None,
-                 io_depth: int = 4, batch_bytes: int = 0, place=None):
+                 io_depth: int = DEFAULT_IO_DEPTH, batch_bytes: int = 0, place=None):
         if prefetch < 1:
             raise BufferError(f"prefetch must be >= 1 step, got {prefetch}")
         self.plan, self.reader, self.assemble = rank_plan, reader, assemble

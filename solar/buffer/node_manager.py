@@ -46,7 +46,7 @@ from typing import Any, Callable, Deque, Dict, List, Optional
 import numpy as np
 
 from ..errors import SolarError
-from ..memory import DEFAULT_PREFETCH, plan_node_memory
+from ..memory import DEFAULT_IO_DEPTH, DEFAULT_PREFETCH, plan_node_memory
 from .manager import BufferTotals, StepBlocks, StepQueue, StepStats, _Closed, step_blocks
 from .node_pools import (DONE, FAILED, CLOSED, FLAG, READ, RECV, NodeBufferError, SharedPools, assign_slots,
                          check_node_memory, get_read_split, node_comm)
@@ -141,7 +141,8 @@ class NodeBufferManager(StepQueue):
 
     def __init__(self, node_plan, rank: int, demand: Dict[str, np.ndarray], reader, assemble: Callable[..., Any], *,
                  comm=None, budget: int, prefetch: int = DEFAULT_PREFETCH, start: int = 0,
-                 stop: Optional[int] = None, io_depth: int = 4, batch_bytes: int = 0, read_split: str = "spread",
+                 stop: Optional[int] = None, io_depth: int = DEFAULT_IO_DEPTH, batch_bytes: int = 0,
+                 read_split: str = "spread",
                  keep_step_stats: int = KEEP_STEP_STATS, fence: Optional[int] = None,
                  timeout: Optional[float] = None):
         from ..mpi import agree

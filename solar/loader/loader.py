@@ -20,7 +20,7 @@ import numpy as np
 
 from ..buffer import BufferManager, rank_memory
 from ..errors import SolarError, SpecError
-from ..memory import DEFAULT_PREFETCH, batch_bytes, max_local_batch
+from ..memory import DEFAULT_IO_DEPTH, DEFAULT_PREFETCH, batch_bytes, max_local_batch
 from ..mpi import agree
 from ..schedule import Schedule, ScheduleError
 from ..scheduler.config import check_state_epoch
@@ -79,10 +79,11 @@ class SolarLoader:
     ``loader.epoch_log.last`` holds its numbers.
 
     ``buffer_device``: the buffer's pools on that torch device (``"cuda"``: GPU memory; the plan's budget is
-    then the device's; default for a plan made with ``solar plan --device-buffer``: ``"cuda"``), :mod:`solar.buffer.device_pools`: each miss is read into host staging and crosses to
-    the device once, decoded; a batch is gathered on the device from the resident blocks, so a hit costs
-    device memory bandwidth instead of a host copy and a PCIe transfer.  The batches are bit for bit the host
-    path's, their ``index`` on the host.  Per-rank plans only (not node plans), without ``transform``,
+    then the device's; ``"cuda"`` by default for a plan made with ``solar plan --device-buffer``, where a
+    ``device="cuda"`` is dropped), :mod:`solar.buffer.device_pools`: each miss is read into host staging and
+    crosses to the device once, decoded; a batch is gathered on the device from the resident blocks, so a hit
+    costs device memory bandwidth instead of a host copy and a PCIe transfer.  The batches are bit for bit the
+    host path's, their ``index`` on the host.  Per-rank plans only (not node plans), without ``transform``,
     ``sample_transform`` or ``device`` (the batches are on ``buffer_device`` already).
 
     ``cpus``: the cores the loader may keep busy for batch assembly (default: this rank's share, its CPU
@@ -166,7 +167,7 @@ class SolarLoader:
             if self.nodes is None:
                 self.rank_plan = self.schedule.rank(self.rank)
                 self.memory = rank_memory(self.rank_plan, self.demand, budget=self.schedule.buffer_bytes,
-                                          batch_bytes=self.batch_bytes, prefetch=prefetch, io_depth=4)[0]
+                                          batch_bytes=self.batch_bytes, prefetch=prefetch, io_depth=DEFAULT_IO_DEPTH)[0]
             else:
                 from .nodes import node_rank_memory
                 self.rank_plan = self.schedule.node_plan(self.rank)
@@ -174,7 +175,7 @@ class SolarLoader:
                                                self.batch_bytes, prefetch)
             if buffer_device is None and self.schedule.buffer_place == "device":  # solar plan --device-buffer
                 buffer_device = _planned_device(self.schedule)
-                if device is not None and torch_device_type(device) == "cuda":
+                if device is not None and _device_type(device) == "cuda":
                     device = None  # asked for the GPU: the planned buffer's batches are there already
             self.buffer_device = _check_buffer_device(buffer_device, self.nodes, as_torch, device, transform,
                                                       sample_transform)
@@ -421,7 +422,7 @@ class SolarLoader:
         self.close()
 
 
-def torch_device_type(device) -> str:
+def _device_type(device) -> str:
     """``"cuda"``, ``"cpu"``, ...: the type of a device given as text or ``torch.device`` (``""`` if torch cannot
     read it; the loader's own checks then name it)."""
     import torch

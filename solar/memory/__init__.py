@@ -39,15 +39,15 @@ bookkeeping, reserve, limit, residency budget), :mod:`~solar.memory.rank` (:clas
 :mod:`~solar.memory.node` (:class:`NodeMemory` of a node).  Applied to a schedule file:
 :mod:`solar.schedule.memory`.
 """
-from .budget import (BLOCK_BOOKKEEPING, DEFAULT_PREFETCH, FIXED_OVERHEAD, PLAN_ALLOWANCE, batch_bytes,
-                     bookkeeping_bytes, demand_batch_bytes, max_local_batch, memory_limit, reserve_bytes,
-                     residency_budget)
+from .budget import (BLOCK_BOOKKEEPING, DEFAULT_IO_DEPTH, DEFAULT_PREFETCH, FIXED_OVERHEAD, PLAN_ALLOWANCE,
+                     batch_bytes, bookkeeping_bytes, demand_batch_bytes, largest_batch, max_local_batch, memory_limit,
+                     reserve_bytes, residency_budget)
 from .node import NodeMemory, class_offsets, header_bytes, node_memory, plan_node_memory, staging_lists
 from .rank import MemoryNeed, memory_need
 from .slots import MAX_EXACT_CLASSES, plan_pools, pool_slots, size_classes, slots_needed
 
-__all__ = ["BLOCK_BOOKKEEPING", "DEFAULT_PREFETCH", "FIXED_OVERHEAD", "MAX_EXACT_CLASSES", "PLAN_ALLOWANCE",
-           "MemoryNeed", "NodeMemory", "batch_bytes", "bookkeeping_bytes", "class_offsets", "demand_batch_bytes",
-           "header_bytes", "max_local_batch", "memory_limit", "memory_need", "node_memory", "plan_node_memory",
-           "plan_pools", "pool_slots", "reserve_bytes", "residency_budget", "size_classes", "slots_needed",
-           "staging_lists"]
+__all__ = ["BLOCK_BOOKKEEPING", "DEFAULT_IO_DEPTH", "DEFAULT_PREFETCH", "FIXED_OVERHEAD", "MAX_EXACT_CLASSES",
+           "PLAN_ALLOWANCE", "MemoryNeed", "NodeMemory", "batch_bytes", "bookkeeping_bytes", "class_offsets",
+           "demand_batch_bytes", "header_bytes", "largest_batch", "max_local_batch", "memory_limit", "memory_need",
+           "node_memory", "plan_node_memory", "plan_pools", "pool_slots", "reserve_bytes", "residency_budget",
+           "size_classes", "slots_needed", "staging_lists"]

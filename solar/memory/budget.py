@@ -10,6 +10,9 @@ from ..errors import SpecError
 #: Reads run up to ``io_depth`` (4) steps further ahead into pool slots, so a short queue costs no
 #: read depth; each queued batch is memory the residency does not get (see docs/runtime.md).
 DEFAULT_PREFETCH = 2
+#: Steps whose reads a rank's buffer keeps in flight (``io_depth`` of the buffer managers): staging slots for
+#: them come out of the room left in the limit; a device buffer stages that many steps' misses on the host.
+DEFAULT_IO_DEPTH = 4
 #: Batches and bookkeeping a plan does not take from the budget (so that small budgets of small
 #: datasets still plan): a rank's :func:`~solar.memory.memory_need` is at most the budget plus this.
 PLAN_ALLOWANCE = 16 << 20
@@ -32,9 +35,15 @@ def batch_bytes(layout, n: int) -> int:
     return int(best)
 
 
+def largest_batch(local_batch: int, epsilon: float) -> int:
+    """The most samples one rank gets in a step with local batch ``b`` and imbalance ``epsilon``:
+    floor(b (1 + epsilon))."""
+    return int(np.floor(local_batch * (1 + epsilon) + 1e-9))
+
+
 def max_local_batch(cfg) -> int:
-    """The most samples one rank gets in a step under ``cfg`` (a PlanConfig): floor(b (1 + epsilon))."""
-    return int(np.floor(cfg.local_batch * (1 + cfg.epsilon) + 1e-9))
+    """:func:`largest_batch` of ``cfg`` (a PlanConfig)."""
+    return largest_batch(cfg.local_batch, cfg.epsilon)
 
 
 def demand_batch_bytes(sample_ptr: np.ndarray, sample_blocks: np.ndarray, block_nbytes: np.ndarray, n: int) -> int:
@@ -68,7 +77,7 @@ def residency_budget(budget: int, demand, local_batch: int, epsilon: float, layo
     """The planner's budget for resident blocks when a rank may use ``budget`` bytes in all:
     ``budget - (reserve_bytes(...) - PLAN_ALLOWANCE)`` (batches of ``layout``, else bounded from
     ``demand``, a :class:`~solar.scheduler.Demand`).  SpecError naming the figures when nothing is left."""
-    n = int(np.floor(local_batch * (1 + epsilon) + 1e-9))
+    n = largest_batch(local_batch, epsilon)
     batch = batch_bytes(layout, n) if layout is not None else demand_batch_bytes(
         demand.sample_ptr, demand.sample_blocks, demand.block_nbytes, n)
     keep = bookkeeping_bytes(demand.n_samples, demand.n_blocks, int(np.shape(demand.sample_blocks)[0]))

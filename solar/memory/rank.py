@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .budget import DEFAULT_PREFETCH, FIXED_OVERHEAD, memory_limit
+from .budget import DEFAULT_IO_DEPTH, DEFAULT_PREFETCH, FIXED_OVERHEAD, memory_limit
 from .slots import plan_pools, size_classes
 
 
@@ -38,7 +38,7 @@ class MemoryNeed:
 
 
 def memory_need(rank_plan, block_nbytes: np.ndarray, *, residency_budget: int, batch: int, bookkeeping: int,
-                prefetch: int = DEFAULT_PREFETCH, io_depth: int = 4):
+                prefetch: int = DEFAULT_PREFETCH, io_depth: int = DEFAULT_IO_DEPTH):
     """``(MemoryNeed, slots int64[C], class_of, class_bytes)`` of one rank running ``rank_plan``.
 
     ``batch``: bytes of one assembled batch (:func:`~solar.memory.budget.batch_bytes`); the pools get what is left of

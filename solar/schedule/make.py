@@ -6,7 +6,7 @@ import os
 from typing import Optional, Tuple, Union
 
 from ..errors import SpecError
-from ..memory import bookkeeping_bytes, demand_batch_bytes, residency_budget
+from ..memory import DEFAULT_IO_DEPTH, bookkeeping_bytes, demand_batch_bytes, largest_batch, residency_budget
 from ..scheduler.config import (MAX_BYTES, PlanConfig, check_count, check_drop_last, check_epochs,
                                 check_epsilon, check_fraction, parse_bytes)
 from ..scheduler.policies import get_policy
@@ -125,7 +125,7 @@ def plan(data: Union[str, "Demand", object], *, world_size: int, local_batch: Op
                      residency_budget(budget, demand, local_batch, epsilon, None if data is demand else data),
                      seed=0 if seed is None else seed, drop_last=bool(drop_last), epsilon=epsilon)
     if host_budget is not None:
-        _check_staging(host_budget, demand, local_batch, epsilon, None if data is demand else data)
+        _check_staging(host_budget, demand, local_batch, epsilon)
     S = steps_per_epoch(demand.n_samples, world_size, local_batch, cfg.drop_last)
     node_args = {} if nodes is None else {"nodes": nodes[0], "cost": nodes[1]}
     run = PlanRun(demand, cfg, pol, record=True, open_ended=window > 0, **node_args)  # before the file
@@ -161,23 +161,20 @@ def _bytes_arg(name: str, v) -> int:
     return n
 
 
-def _check_staging(host_budget: int, demand, local_batch: int, epsilon: float, layout) -> None:
-    """SpecError when a device plan's host side does not fit ``host_budget``: the misses of up to ``IO_DEPTH`` steps
-    staged on the host (at most a local batch's blocks each) and the bookkeeping."""
-    import numpy as np
-    n = int(np.floor(local_batch * (1 + epsilon) + 1e-9))
+def _check_staging(host_budget: int, demand, local_batch: int, epsilon: float) -> None:
+    """SpecError when a device plan's host side does not fit ``host_budget``: the misses of up to
+    :data:`~solar.memory.DEFAULT_IO_DEPTH` steps staged on the host (at most a local batch's blocks each) and the
+    bookkeeping."""
+    n = largest_batch(local_batch, epsilon)
     step = demand_batch_bytes(demand.sample_ptr, demand.sample_blocks, demand.block_nbytes, n)
-    keep = bookkeeping_bytes(demand.n_samples, demand.n_blocks, int(np.shape(demand.sample_blocks)[0]))
-    need = IO_DEPTH * step + keep
+    keep = bookkeeping_bytes(demand.n_samples, demand.n_blocks, len(demand.sample_blocks))
+    need = DEFAULT_IO_DEPTH * step + keep
     if need > host_budget:
         from ..layout.summary import human_bytes as hb
         raise SpecError(f"a host budget of {hb(host_budget)} per rank cannot stage a device buffer's reads: "
-                        f"{IO_DEPTH} steps of misses ({hb(step)} each at most, a local batch of {n} samples' blocks) "
-                        f"and {hb(keep)} of bookkeeping take {hb(need)}; raise buffer_per_rank or lower the local batch")
-
-
-#: Steps whose reads a buffer keeps in flight (the buffer's ``io_depth``): a device plan stages that many on the host.
-IO_DEPTH = 4
+                        f"{DEFAULT_IO_DEPTH} steps of misses ({hb(step)} each at most, a local batch of {n} samples' "
+                        f"blocks) and {hb(keep)} of bookkeeping take {hb(need)}; raise buffer_per_rank or lower the "
+                        "local batch")
 
 
 def _plan_resumed(data, state, *, world_size: int, local_batch, epochs, buffer_per_rank, buffer_fraction, seed,

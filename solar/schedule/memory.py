@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import SolarError
-from ..memory import (DEFAULT_PREFETCH, batch_bytes, bookkeeping_bytes, demand_batch_bytes, max_local_batch,
-                      memory_need, plan_node_memory)
+from ..memory import (DEFAULT_IO_DEPTH, DEFAULT_PREFETCH, batch_bytes, bookkeeping_bytes, demand_batch_bytes,
+                      max_local_batch, memory_need, plan_node_memory)
 
 
-def schedule_memory(schedule, rank: int, layout=None, prefetch: int = DEFAULT_PREFETCH, io_depth: int = 4,
-                    keep: bool = True):
+def schedule_memory(schedule, rank: int, layout=None, prefetch: int = DEFAULT_PREFETCH,
+                    io_depth: int = DEFAULT_IO_DEPTH, keep: bool = True):
     """:class:`~solar.memory.MemoryNeed` of rank ``rank`` running ``schedule`` (a :class:`~solar.schedule.Schedule`)
     with ``prefetch`` queued batches; batches sized from ``layout`` (default: the layout the schedule
     stores, else bounded from its sample -> block map).  ``keep``: leave the rank's slice cached."""
@@ -33,8 +33,8 @@ def _schedule_batch(schedule, layout=None):
         d["sample_ptr"], d["sample_blocks"], d["block_nbytes"], n))
 
 
-def schedule_node_memory(schedule, node: int, layout=None, prefetch: int = DEFAULT_PREFETCH, io_depth: int = 4,
-                         keep: bool = True):
+def schedule_node_memory(schedule, node: int, layout=None, prefetch: int = DEFAULT_PREFETCH,
+                         io_depth: int = DEFAULT_IO_DEPTH, keep: bool = True):
     """:class:`~solar.memory.NodeMemory` of node ``node`` of a node plan (format version 6)
     running with ``prefetch`` queued batches per rank; batches sized as in :func:`schedule_memory`."""
     d, batch = _schedule_batch(schedule, layout)

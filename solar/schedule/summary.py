@@ -11,7 +11,8 @@ def format_schedule(s: dict) -> str:
     lines = [f"schedule {s['path']} (policy {s['policy']}, solar {s['solar_version']}{size})",
              f"  planned for: {s.get('source_abs') or s['source'] or 'a layout'}  fingerprint {s['fingerprint'][:16]}  "
              f"({s['n_samples']:,} samples, {s['n_blocks']:,} blocks)",
-             f"  job: world size {c['world_size']}, local batch {c['local_batch']}, {_epochs_text(s)}, buffer {human_bytes(c['buffer_bytes'])} per rank"
+             f"  job: world size {c['world_size']}, local batch {c['local_batch']}, {_epochs_text(s)}, "
+             f"buffer {human_bytes(c['buffer_bytes'])} per rank"
              f"{' in GPU memory' if s.get('buffer_place') == 'device' else ''}, seed {c['seed']}, "
              f"drop_last {'yes' if c['drop_last'] else 'no'}, epsilon {c['epsilon']}",
              _layout_line(s),
