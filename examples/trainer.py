@@ -204,8 +204,6 @@ class SolarSource:
             if comm.Get_size() != schedule.world_size:
                 fail(f"{plan_path} is a node plan (ranks of a node share one buffer through MPI): run the job "
                      f"under mpiexec or srun with {schedule.world_size} MPI ranks ({comm.Get_size()} here)")
-        if schedule.buffer_place == "device":  # solar plan --device-buffer: batches are gathered on the GPU
-            device, pin_memory = None, False
         # device: each batch copied to the GPU in the loader's prefetch thread, on a side stream, ahead of use
         self.loader = SolarLoader(schedule, data, comm=comm, rank=rank, pin_memory=pin_memory, device=device,
                                   cpus=cpus)
