@@ -11,7 +11,7 @@ from typing import List, Tuple
 
 from ..errors import LayoutError, SolarError, SpecError
 from .build import build_layout, open_h5
-from .detect import known_spec, no_array_message
+from .detect import known_spec, no_array_message, unreadable
 from .guess import SampleGuess, guess_samples, short_fields
 from .h5meta import H5_ERRORS
 from .spec import SPEC_FILENAME, LayoutSpec
@@ -40,9 +40,7 @@ def _choices(path: str) -> Tuple[list, tuple, bool]:
         except SolarError:
             raise
         except H5_ERRORS as exc:
-            text = str(exc).strip().splitlines()
-            raise LayoutError(f"cannot read the structure of {path}: {text[0] if text else type(exc).__name__} "
-                              f"(damaged file?)") from None
+            raise unreadable(path, exc) from None
     out = []
     if known is not None:
         spec, why = known

@@ -98,9 +98,14 @@ def detect_spec(path: str) -> LayoutSpec:
         except SolarError:
             raise
         except H5_ERRORS as exc:
-            text = str(exc).strip().splitlines()
-            raise LayoutError(f"cannot read the structure of {path}: {text[0] if text else type(exc).__name__} "
-                              f"(damaged file?)") from None
+            raise unreadable(path, exc) from None
+
+
+def unreadable(path: str, exc: BaseException) -> LayoutError:
+    """The error for an HDF5 file whose structure h5py cannot read: its first line, and that it may be damaged."""
+    text = str(exc).strip().splitlines()
+    return LayoutError(f"cannot read the structure of {path}: {text[0] if text else type(exc).__name__} "
+                       f"(damaged file?)")
 
 
 def find_spec(path: str) -> LayoutSpec:
