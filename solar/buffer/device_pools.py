@@ -133,7 +133,8 @@ class DevicePools(SlotPools):
                    for k, name in enumerate(tables.fields)}
             for c, k, r in runs:
                 copy_runs(arrays[c].reshape(-1), out[tables.fields[k]], r, self._index)
-            stored = {name: tables.layout.datasets[d].dtype for name, d in zip(tables.fields, tables.src_ds[0].tolist())}
+            stored = {name: tables.layout.datasets[d].dtype
+                      for name, d in zip(tables.fields, tables.src_ds[0].tolist())}
             fields = {name: _typed(out[name], stored[name], (n, *shapes[name])) for name in tables.fields}
             event = None
             if self.cuda:

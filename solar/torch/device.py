@@ -131,7 +131,8 @@ class DeviceMover:
         if slot.event is not None:
             self.streams.synchronize(slot.event)  # the last copy out of this slot is done
         slot.keep = []
-        need = sum(_padded(t) for t in _tensors(batch) if not _already(t, self.device) and not self.streams.is_pinned(t))
+        need = sum(_padded(t) for t in _tensors(batch)
+                   if not _already(t, self.device) and not self.streams.is_pinned(t))
         if slot.buf is None or slot.buf.numel() < need:
             slot.buf = self.streams.pinned(max(need, ALIGN))
             self.staging_allocations += 1
