@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One prepared check of solar on a GPU machine with no network, in about 5 minutes on 16 cores.
 #
-#   benchmarks/gpu_check.sh OUTDIR [SECTION ...]      (sections: basics, cores; default both)
+#   benchmarks/gpu_check.sh OUTDIR [SECTION ...]      (sections: basics, cores, bench, resident; default basics cores)
 #
 # It generates the data, trains the examples on CUDA, runs `solar bench --device cuda` cold, and writes
 # into OUTDIR (what comes back from such a machine: 8 files at most, so few and named):
@@ -21,6 +21,8 @@
 #            (bench-resident.json: {"host": report, "device": report}), and the
 #            device buffer tier against the host buffer (benchmarks/device_buffer_check.py: the same batches,
 #            and each tier's samples/s to the GPU at f=1.0 and 0.5; device-buffer.json)
+#   bench    the `solar bench` steps of both sections alone (bench-conv, bench-resident): a rerun
+#   resident the all-resident `solar bench` pair alone (bench-resident)
 #
 # What the machine needs: python3 with torch (CUDA), h5py, numba, numpy, mpi4py; the checkout (PYTHONPATH is
 # set here).  MPICH comes as a wheel in .whl/ (GPU machines have mpi4py but no MPI library); make it here with
@@ -35,7 +37,7 @@ OUT=${1:?usage: benchmarks/gpu_check.sh OUTDIR [SECTION ...]}
 shift
 SECTIONS=${*:-basics cores}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-PY=${PYTHON:-python3}
+PY=$(command -v "${PYTHON:-python3}")  # absolute: mpiexec may search another PATH
 N=${SOLAR_GPU_SAMPLES:-4096}
 SIZE=${SOLAR_GPU_SIZE:-128}
 B=${SOLAR_GPU_BATCH:-128}
@@ -46,6 +48,8 @@ WORK=${SOLAR_GPU_WORK:-$(mktemp -d /tmp/solar-gpu.XXXXXX)}
 mkdir -p "$OUT" "$WORK"
 OUT=$(cd "$OUT" && pwd)
 export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH} NUMBA_CACHE_DIR=$WORK/numba HDF5_USE_FILE_LOCKING=FALSE
+# an Open MPI mpiexec (some GPU images have one) refuses root without these; MPICH ignores them
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export PYTHONUNBUFFERED=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=${MASTER_PORT:-29561}
 LOG=$OUT/check.log
 STEPS=$WORK/steps.tsv
@@ -138,6 +142,8 @@ if ls "$ROOT"/.whl/*.whl 2>/dev/null | grep -qv '/mpich-'; then
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$WORK/site" \
         $(ls "$ROOT"/.whl/*.whl | grep -v '/mpich-') >>"$LOG" 2>&1 && export PYTHONPATH=$PYTHONPATH:$WORK/site
 fi
+# --bind-to none: Open MPI binds a job of one or two ranks to one core each by default, which leaves solar (and the
+# baselines' DataLoader workers) one core of the machine's 16 (seen on the H200 machine: its image has Open MPI)
 MPIEXEC=$(command -v mpiexec || true)
 if [ -n "$MPIEXEC" ] && "$PY" -c "from mpi4py import MPI" >>"$LOG" 2>&1; then
     say "MPI: $MPIEXEC"
@@ -175,7 +181,7 @@ basics() {
     keep_log train-resident-batch "$WORK/train-resident-batch.jsonl"
     # 3. solar bench on the device, cold, solar and every baseline feeding the conv step
     if [ -n "$MPIEXEC" ]; then
-        STDOUT=$OUT/bench-conv.json run bench-conv 150 "$MPIEXEC" -n 1 "${SOLAR[@]}" bench "$D" -b "$B" --epochs 3 \
+        STDOUT=$OUT/bench-conv.json run bench-conv 150 "$MPIEXEC" --bind-to none -n 1 "${SOLAR[@]}" bench "$D" -b "$B" --epochs 3 \
             --device "$DEVICE" --model conv --num-workers "$WORKERS" --cold \
             --baseline-time-limit 20 --schedule "$WORK/bench-plan.h5" --json
     fi
@@ -194,34 +200,51 @@ basics() {
 }
 
 # ------------------------------------------------------------------ issue 24: cores
-cores() {
-    local all=$(( $(nproc) - 1 ))
-    (( all < 2 )) && all=2
-    STDOUT=$OUT/hit-path.json run hit-path 90 "$PY" benchmarks/hit_path.py "$D" --batch "$B" --epochs 3 \
-        --cpus 1 4 "$all" --repeat 2 --json
-    if [ -n "$MPIEXEC" ]; then  # the host buffer, then the device buffer (--buffer-device): one file with both
-        STDOUT=$WORK/br-host.json run bench-resident 60 "$MPIEXEC" -n 1 "${SOLAR[@]}" bench "$D" -b "$B" \
+# `solar bench --model conv` on an all-resident plan: the host buffer, then the device buffer (--buffer-device),
+# one file with both
+bench_resident() {
+    if [ -n "$MPIEXEC" ]; then
+        STDOUT=$WORK/br-host.json run bench-resident 60 "$MPIEXEC" --bind-to none -n 1 "${SOLAR[@]}" bench "$D" -b "$B" \
             --epochs 3 --buffer-fraction 1.0 --device "$DEVICE" --model conv --only solar --cold \
             --schedule "$WORK/bench-resident-plan.h5" --json
-        STDOUT=$WORK/br-device.json run bench-resident-device 60 "$MPIEXEC" -n 1 "${SOLAR[@]}" bench "$D" -b "$B" \
+        STDOUT=$WORK/br-device.json run bench-resident-device 60 "$MPIEXEC" --bind-to none -n 1 "${SOLAR[@]}" bench "$D" -b "$B" \
             --epochs 3 --buffer-fraction 1.0 --device "$DEVICE" --model conv --only solar --cold \
             --buffer-device "$DEVICE" --schedule "$WORK/bench-resident-plan.h5" --json
         "$PY" -c "import json, os, sys
 out = {}
 for k, p in (('host', sys.argv[1]), ('device', sys.argv[2])):
     if os.path.exists(p) and os.path.getsize(p):
-        out[k] = json.load(open(p))
+        out[k] = json.JSONDecoder().raw_decode(open(p).read().lstrip())[0]  # not what mpiexec may append
 json.dump(out, open(sys.argv[3], 'w'), indent=1)" "$WORK/br-host.json" "$WORK/br-device.json" "$OUT/bench-resident.json"
     fi
+}
+
+cores() {
+    local all=$(( $(nproc) - 1 ))
+    (( all < 2 )) && all=2
+    STDOUT=$OUT/hit-path.json run hit-path 90 "$PY" benchmarks/hit_path.py "$D" --batch "$B" --epochs 3 \
+        --cpus 1 4 "$all" --repeat 2 --json
+    bench_resident
     STDOUT=$OUT/device-buffer.json run device-buffer 90 "$PY" benchmarks/device_buffer_check.py "$D" --batch "$B" \
         --epochs 3 --fractions 1.0 0.5 --device "$DEVICE" --json
+}
+
+# the bench steps of both sections alone (a rerun where only they failed)
+bench_only() {
+    [ -n "$MPIEXEC" ] || return 0
+    STDOUT=$OUT/bench-conv.json run bench-conv 150 "$MPIEXEC" --bind-to none -n 1 "${SOLAR[@]}" bench "$D" -b "$B" --epochs 3 \
+        --device "$DEVICE" --model conv --num-workers "$WORKERS" --cold \
+        --baseline-time-limit 20 --schedule "$WORK/bench-plan.h5" --json
+    bench_resident
 }
 
 for s in $SECTIONS; do
     case $s in
         basics) basics ;;
         cores) cores ;;
-        *) say "unknown section $s (sections: basics cores)" ;;
+        bench) bench_only ;;
+        resident) bench_resident ;;
+        *) say "unknown section $s (sections: basics cores bench resident)" ;;
     esac
 done
 

@@ -17,6 +17,13 @@ from typing import Dict, List, Optional
 RESIDENT_TARGET = 0.8
 
 
+def load_report(path: str):
+    """The JSON document a command printed first in ``path``: what comes after it (an escape sequence that an
+    Open MPI ``mpiexec`` appends to the output it forwards, say) is left out."""
+    text = open(path).read()
+    return json.JSONDecoder().raw_decode(text.lstrip())[0]
+
+
 def read_steps(path: Optional[str]) -> List[dict]:
     out = []
     if path and os.path.exists(path):
@@ -158,18 +165,18 @@ def main(argv=None) -> int:
              bench=None)
     bench = os.path.join(a.outdir, "bench-conv.json")
     if os.path.exists(bench) and os.path.getsize(bench):
-        rep = json.load(open(bench))
+        rep = load_report(bench)
         s["bench"] = dict(rows=bench_rows(rep), cache=rep.get("cache"), device=rep.get("device"),
                           disk_random_read_gbps=rep.get("limit_random_read_gbps"))
     hit = os.path.join(a.outdir, "hit-path.json")
     if os.path.exists(hit) and os.path.getsize(hit):
-        s["hit_path"] = json.load(open(hit))
+        s["hit_path"] = load_report(hit)
     res = os.path.join(a.outdir, "bench-resident.json")
     if os.path.exists(res) and os.path.getsize(res):
-        s["bench_resident"] = {tier: bench_rows(rep) for tier, rep in json.load(open(res)).items()}
+        s["bench_resident"] = {tier: bench_rows(rep) for tier, rep in load_report(res).items()}
     dbp = os.path.join(a.outdir, "device-buffer.json")
     if os.path.exists(dbp) and os.path.getsize(dbp):
-        s["device_buffer"] = json.load(open(dbp))
+        s["device_buffer"] = load_report(dbp)
     with open(os.path.join(a.outdir, "summary.json"), "w") as f:
         json.dump(s, f, indent=1)
     md = markdown(s)

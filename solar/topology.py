@@ -49,6 +49,19 @@ class Topology:
         affinity, cpu_count = max(1, int(affinity)), max(1, int(cpu_count))
         return affinity if affinity < cpu_count else max(1, cpu_count // self.local_size)
 
+    def binding_note(self, affinity: int, cpu_count: int) -> Optional[str]:
+        """A line for the user when the launcher bound this rank to one core while its share of the node is
+        4 or more (pure; None otherwise): Open MPI's ``mpiexec`` does so by default for jobs of one or two
+        ranks, and solar's assembly (and a DataLoader's workers) then share that one core."""
+        affinity, cpu_count = max(1, int(affinity)), max(1, int(cpu_count))
+        share = cpu_count // self.local_size
+        if affinity > 1 or share < 4:
+            return None
+        return (f"this rank may run on 1 of the node's {cpu_count} cores (its CPU affinity; {self.local_size} "
+                f"rank(s) on the node): solar's batch assembly gets that one core. If the launcher bound it "
+                f"(Open MPI's mpiexec binds jobs of 1-2 ranks to one core each by default), widen the binding: "
+                f"mpiexec --bind-to none, srun --cpu-bind=none or --cpus-per-task")
+
     def device(self, cuda_available: bool, gpus: int = 0) -> str:
         """``cuda:<local_rank mod gpus>`` when GPUs are there, else ``cpu``."""
         return f"cuda:{self.local_rank % gpus}" if cuda_available and gpus > 0 else "cpu"
@@ -140,4 +153,13 @@ def cpus_of_this_rank(topology: Optional[Topology] = None) -> int:
         affinity = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # not Linux
         affinity = os.cpu_count() or 1
-    return t.cpu_share(affinity, os.cpu_count() or affinity)
+    count = os.cpu_count() or affinity
+    note = t.binding_note(affinity, count)
+    if note is not None and note not in _SAID:  # once per process
+        _SAID.add(note)
+        import warnings
+        warnings.warn(note, RuntimeWarning, stacklevel=2)
+    return t.cpu_share(affinity, count)
+
+
+_SAID: set = set()

@@ -37,3 +37,26 @@ def test_cpu_share_of_a_rank():
     assert Topology(8, 1, local_rank=1, local_size=32).cpu_share(16, 16) == 1  # more ranks than cores
     assert Topology(1, 0).cpu_share(2, 2) == 2
     assert 1 <= cpus_of_this_rank(Topology(1, 0)) <= (os.cpu_count() or 1)
+
+
+def test_a_rank_bound_to_one_core_of_many_is_told(monkeypatch):
+    """Open MPI binds a 1-2 rank job to one core each: seen on a 16-core GPU machine, where solar's default
+    cpus (and a DataLoader's 16 workers) then shared one core. The user gets one warning saying so."""
+    import warnings
+
+    import solar.topology as top
+    one = Topology(1, 0)
+    assert one.binding_note(1, 16) is not None and "--bind-to none" in one.binding_note(1, 16)
+    assert one.binding_note(2, 16) is None           # a binding of several cores is the user's choice
+    assert one.binding_note(1, 2) is None            # a small machine: one core is no surprise
+    assert Topology(8, 1, local_rank=1, local_size=8).binding_note(1, 16) is None   # share of 2 cores
+    assert Topology(8, 1, local_rank=1, local_size=4).binding_note(1, 16) is not None  # share of 4
+    monkeypatch.setattr(top.os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    monkeypatch.setattr(top.os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(top, "_SAID", set())
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        assert top.cpus_of_this_rank(one) == 1
+        assert top.cpus_of_this_rank(one) == 1
+    said = [w for w in got if issubclass(w.category, RuntimeWarning)]
+    assert len(said) == 1 and "1 of the node's 16 cores" in str(said[0].message)
