@@ -363,6 +363,20 @@ def leader_call(comm, fn, per_node: bool = False) -> None:
     raise _rebuild(*sent[first])
 
 
+def ranks_per_node(comm) -> "tuple[Optional[int], str]":
+    """``(L, why)``: :func:`solar.topology.block_ranks_per_node` of ``comm``'s placement (an MPI
+    shared-memory split names each rank's node).  Collective."""
+    from mpi4py import MPI
+
+    from .topology import block_ranks_per_node
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    try:
+        leader = node.bcast(comm.Get_rank(), root=0)  # the node's lowest world rank names it
+    finally:
+        node.Free()
+    return block_ranks_per_node(comm.allgather(leader))
+
+
 def agree(comm, err: Optional[BaseException]) -> None:
     """After a step every rank ran on its own (``err``: what it raised there, or None): raise on every
     rank of ``comm`` when any rank failed, before anyone goes on into a collective that the failed rank

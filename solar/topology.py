@@ -67,6 +67,28 @@ class Topology:
         return f"cuda:{self.local_rank % gpus}" if cuda_available and gpus > 0 else "cpu"
 
 
+def block_ranks_per_node(node_of_rank) -> "tuple[Optional[int], str]":
+    """``(L, why)`` from the node each rank runs on (any label per rank, in rank order; pure): ``L`` when
+    every node runs L ranks placed in blocks (ranks ``n*L .. n*L+L-1`` on one node: what a node plan
+    assumes, as ``srun --distribution=block`` or ``mpiexec -ppn L`` place them), else ``None`` and ``why``
+    names what differs."""
+    labels = list(node_of_rank)
+    if not labels:
+        return None, "no ranks"
+    sizes: dict = {}
+    for x in labels:
+        sizes[x] = sizes.get(x, 0) + 1
+    if len(set(sizes.values())) > 1:
+        counts = sorted(set(sizes.values()))
+        return None, f"the nodes run different numbers of ranks ({', '.join(map(str, counts))})"
+    L = next(iter(sizes.values()))
+    for r, x in enumerate(labels):
+        if x != labels[r - r % L]:
+            return None, (f"ranks are not placed in blocks of {L} per node (rank {r} runs on another node than "
+                          f"rank {r - r % L})")
+    return L, ""
+
+
 _ENV = (  # (launcher, world size, rank, local rank, local size, nodes) variable names, innermost first
     ("torchrun", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", None),
     ("Open MPI", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",

@@ -29,8 +29,11 @@ def data(tmp_path_factory):
 @pytest.mark.parametrize("extra, line", [
     (["--model", "conv", "--step-time", "1"],
      "solar bench: error: --step-time simulates the training step: give it with --model none, not with --model conv"),
-    (["--policy", "solar-node"],
-     "solar bench: error: --policy, --network-bandwidth and --storage-bandwidth need --ranks-per-node (a node plan)"),
+    (["--policy", "solar-node", "--no-node-pool"],
+     "solar bench: error: --policy, --network-bandwidth and --storage-bandwidth need a node plan; "
+     "solar: one buffer per rank (--no-node-pool)"),
+    (["--ranks-per-node", "2", "--no-node-pool"],
+     "solar bench: error: --ranks-per-node plans node buffers and --no-node-pool one buffer per rank: give one"),
 ])
 def test_an_option_every_rank_refuses_is_one_line_exit_2(data, extra, line):
     r = run([sys.executable, "-m", "solar", "bench", data, "--no-progress", *extra])

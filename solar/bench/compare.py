@@ -764,7 +764,7 @@ def format_report(r: dict) -> str:
                          + f" GB/s per epoch (slowest rank; {r['solar'].get('cpus', '?')} cpu(s) each), memory copy "
                          f"with those cores {r['copy']['gbps']:.2f} GB/s; storage read per the OS: "
                          + ", ".join(human_bytes(ep.get("os_read_bytes", 0)) for ep in eps))
-        if "ranks_per_node" in r["solar"]:
+        if "ranks_per_node" in r["solar"] and r["world_size"] > r["solar"]["ranks_per_node"]:  # several nodes
             lines.append("solar bytes sent between nodes per epoch (as run / planned): "
                          + ", ".join(f"{human_bytes(ep['peer_bytes_sent'])} / {human_bytes(ep['predicted_peer_bytes'])}"
                                      for ep in eps))

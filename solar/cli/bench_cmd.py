@@ -37,9 +37,12 @@ limited to the node's solar buffers + --memory-allowance (page cache counted).
 The JSON has per-epoch samples/s of every loader, "speedup" (solar / torch), "speedup_vs_best"
 and "best_baseline" (the fastest baseline each epoch) and "limit_ratio" (solar's storage
 bytes at the disk's random-read bandwidth / solar's epoch time).
---ranks-per-node L runs solar on a node plan (the ranks of a node share one buffer; --policy
-solar-peer, the default then, also sends blocks between nodes): a test topology may put several
-planned nodes on one machine, e.g.
+Ranks that share a node share one buffer by default (a node plan): the ranks per node are found
+from MPI's shared-memory split when every node runs the same number of ranks placed in blocks
+(srun --distribution=block, mpiexec -ppn L); otherwise, with one rank per node, with --buffer-device
+or with --no-node-pool, each rank has its own buffer.  The first progress line says which.
+--ranks-per-node L plans L ranks per node whatever the placement (--policy solar-peer, the default,
+also sends blocks between nodes): a test topology may put several planned nodes on one machine, e.g.
   mpiexec -n 4 solar bench data/well --ranks-per-node 2 -b 4 --only solar --json
 and each epoch reports the bytes sent between nodes next to the plan's.  Every solar epoch checks
 a few delivered samples per rank against h5py (after its timer) and reports its storage bytes
@@ -111,7 +114,10 @@ def add_parser(sub):
                    help="no progress on stderr (default: rank 0 says what it is doing, with --json too: bars on "
                         "a terminal, plain lines otherwise)")
     p.add_argument("--ranks-per-node", type=positive_int,
-                   help="solar runs a node plan: ranks sharing one node's buffer (must divide the ranks)")
+                   help="solar's node plan: ranks sharing one node's buffer (must divide the ranks; default: the "
+                        "ranks the job runs on each node, when placed in blocks)")
+    p.add_argument("--no-node-pool", dest="node_pool", action="store_false",
+                   help="one buffer per rank, also where ranks share a node")
     p.add_argument("--policy", choices=list(NODE_POLICIES),
                    help="with --ranks-per-node: the node policy (default solar-peer)")
     p.add_argument("--network-bandwidth", type=byte_size, metavar="BYTES/S",
@@ -165,9 +171,11 @@ def run(args) -> int:
         else contextlib.nullcontext()
     with guard:
         given = [x is not None for x in (args.policy, args.network_bandwidth, args.storage_bandwidth)]
-        if args.ranks_per_node is None and any(given):
-            raise SpecError("--policy, --network-bandwidth and --storage-bandwidth need --ranks-per-node "
-                            "(a node plan)")
+        if args.ranks_per_node is not None and not args.node_pool:
+            raise SpecError("--ranks-per-node plans node buffers and --no-node-pool one buffer per rank: give one")
+        L, pool_note = _node_pool(args, comm)
+        if L is None and any(given):
+            raise SpecError(f"--policy, --network-bandwidth and --storage-bandwidth need a node plan; {pool_note}")
         if args.buffer_device == "cuda" and args.device != "cuda":
             raise SpecError("--buffer-device cuda needs --device cuda (solar's batches are gathered on the GPU; "
                             "the baselines' must go there too, and the GPU each rank uses is set by it)")
@@ -175,6 +183,8 @@ def run(args) -> int:
         if given[1] or given[2]:
             cost = PeerCost(DEFAULT_NETWORK_BPS if args.network_bandwidth is None else args.network_bandwidth,
                             DEFAULT_STORAGE_BPS if args.storage_bandwidth is None else args.storage_bandwidth)
+        if args.progress and comm.rank == 0:
+            _progress_line(pool_note)
         frac = args.buffer_fraction if args.buffer_fraction is not None or args.buffer_per_rank else 0.5
         rep = bench(args.spec, comm=comm, epochs=args.epochs, local_batch=args.local_batch, buffer_fraction=frac,
                     buffer_per_rank=args.buffer_per_rank, seed=args.seed, cold=args.cold,
@@ -185,7 +195,7 @@ def run(args) -> int:
                     memory_allowance=args.memory_allowance, disk_depth=args.disk_depth,
                     progress=args.progress and comm.rank == 0 and _is_terminal(sys.stderr),
                     abort_on_error=args.abort_on_error,
-                    baseline_time_limit=args.baseline_time_limit or None, ranks_per_node=args.ranks_per_node,
+                    baseline_time_limit=args.baseline_time_limit or None, ranks_per_node=L,
                     policy=args.policy, peer_cost=cost, reader_options=args.reader_options,
                     device=args.device, model=args.model, amp=args.amp,
                     loader_options={k: v for k, v in (("cpus", args.cpus), ("buffer_device", args.buffer_device))
@@ -194,6 +204,26 @@ def run(args) -> int:
     if comm.rank == 0:
         print(json.dumps(rep, indent=2) if args.json else format_report(rep))
     return 0
+
+
+def _node_pool(args, comm) -> tuple:
+    """``(ranks_per_node or None, a line saying which buffers solar gets)``: ``--ranks-per-node`` as given;
+    else the job's ranks per node (collective) where they share one (more than one rank per node, placed in
+    blocks, no ``--buffer-device``, no ``--no-node-pool``); else None (a buffer per rank)."""
+    if args.ranks_per_node is not None:
+        return args.ranks_per_node, f"solar: a node plan of {args.ranks_per_node} rank(s) per node (--ranks-per-node)"
+    if not args.node_pool:
+        return None, "solar: one buffer per rank (--no-node-pool)"
+    if args.buffer_device is not None:
+        return None, "solar: one buffer per rank, on its GPU (--buffer-device)"
+    from ..mpi import ranks_per_node
+    L, why = ranks_per_node(comm)
+    if L is None:
+        return None, f"solar: one buffer per rank: {why}"
+    if L == 1:
+        return None, "solar: one buffer per rank (one rank per node)"
+    return L, (f"solar: the {L} ranks of each node share one buffer (a node plan; --no-node-pool for a buffer "
+               f"per rank)")
 
 
 def _is_terminal(stream) -> bool:

@@ -13,12 +13,12 @@ from .argtypes import byte_size, check_output_path, epoch_count, epsilon, fracti
 
 EPILOG = """\
 policies: torch (DistributedSampler + per-rank LRU), nopfs (DistributedSampler + per-rank Belady that
-sees its whole seeded future), solar2023 (SOLAR's published algorithm), solar (ours), ideal (one
-P x budget Belady buffer); node pools (the ranks of a node share one buffer, --ranks-per-node; ask for
-them with --policies): solar-node (solar per node), solar-peer (solar-node + misses sent by the node
-holding the block when the network is faster than storage for it), nopfs-peer (DistributedSampler +
-per-node Belady on its own future + fetch from any node holding the block), lru-peer (the same with
-per-node LRU: no knowledge of the future).
+sees its whole seeded future), solar2023 (SOLAR's published algorithm), solar (ours), ideal (one P x
+budget Belady buffer); node pools (the ranks of a node share one buffer, --ranks-per-node; with more
+than one rank per node solar-peer is compared by default, the others on asking): solar-node (solar per
+node), solar-peer (solar-node + misses sent by the node holding the block when the network is faster
+than storage for it), nopfs-peer (DistributedSampler + per-node Belady on its own future + fetch from
+any node holding the block), lru-peer (the same with per-node LRU: no knowledge of the future).
 
 examples:
   solar simulate --samples 16384 --sample-bytes 196608 -P 8 -b 32 --epochs 5 --buffer-fraction 0.1 0.25 0.5 0.9
@@ -64,8 +64,9 @@ def add_parser(sub):
     p.add_argument("--no-group-blocks", dest="group_blocks", action="store_false",
                    help="plan every layout block on its own (default: blocks that the same samples use, "
                         "e.g. the fields of one sample, are planned as one unit)")
-    p.add_argument("--policies", nargs="+", default=list(POLICIES), choices=list(ALL_POLICIES), metavar="POLICY",
-                   help=f"policies to compare (default: {' '.join(POLICIES)}; also: "
+    p.add_argument("--policies", nargs="+", default=None, choices=list(ALL_POLICIES), metavar="POLICY",
+                   help=f"policies to compare (default: {' '.join(POLICIES)}, and with --ranks-per-node above 1 "
+                        f"solar-peer, what solar plan plans for such nodes, after solar; also: "
                         f"{' '.join(k for k in ALL_POLICIES if k not in POLICIES)})")
     p.add_argument("--ranks-per-node", type=positive_int, default=1,
                    help="node pools: ranks sharing one node's buffer (must divide -P; default 1)")
@@ -78,6 +79,15 @@ def add_parser(sub):
     p.add_argument("--plot", metavar="PNG", help="write hit rate vs buffer fraction per policy")
     p.set_defaults(run=run)
     return p
+
+
+def default_policies(ranks_per_node: int) -> list:
+    """The policies compared by default: :data:`POLICIES`, and where ranks share a node the node policy
+    ``solar plan`` uses for them (solar-peer) right after per-rank solar."""
+    names = list(POLICIES)
+    if ranks_per_node > 1:
+        names.insert(names.index("solar") + 1, "solar-peer")
+    return names
 
 
 def run(args) -> int:
@@ -101,6 +111,8 @@ def run(args) -> int:
     if P % args.ranks_per_node:
         raise SpecError(f"--ranks-per-node {args.ranks_per_node} does not divide the world size {P}")
     cost = PeerCost(args.network_bandwidth, args.storage_bandwidth)
+    if args.policies is None:
+        args.policies = default_policies(args.ranks_per_node)
     if args.buffer_fraction:
         budgets = [(f, int(f * total / P)) for f in args.buffer_fraction]
     else:

@@ -1,0 +1,72 @@
+"""Ranks that share a node share one buffer by default (issue 25, item 1): `solar bench` finds the ranks per
+node from the job's placement, `solar simulate` compares the node policy when ranks share a node."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from helpers import make_dataset
+
+from solar.cli.simulate_cmd import default_policies
+from solar.topology import block_ranks_per_node
+
+MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+
+
+@pytest.mark.parametrize("nodes, want", [
+    ([0], 1),
+    ([0, 0], 2),
+    (["a", "a", "b", "b"], 2),
+    ([0, 0, 0, 0, 4, 4, 4, 4], 4),
+    ([0, 1, 2], 1),            # one rank per node
+])
+def test_block_placement_gives_the_ranks_per_node(nodes, want):
+    assert block_ranks_per_node(nodes) == (want, "")
+
+
+@pytest.mark.parametrize("nodes, why", [
+    ([0, 1, 0, 1], "not placed in blocks of 2 per node (rank 1 runs on another node than rank 0)"),
+    ([0, 0, 0, 1], "different numbers of ranks (1, 3)"),
+    ([], "no ranks"),
+])
+def test_any_other_placement_is_named(nodes, why):
+    L, said = block_ranks_per_node(nodes)
+    assert L is None and why in said
+
+
+def test_simulate_compares_the_node_policy_where_ranks_share_a_node():
+    assert "solar-peer" not in default_policies(1)
+    names = default_policies(4)
+    assert names.index("solar-peer") == names.index("solar") + 1
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return make_dataset(tmp_path_factory.mktemp("npd"), "ptychonn", "gzip", samples=64)
+
+
+def _bench(data, *extra):
+    r = subprocess.run([MPIEXEC, "-n", "2", sys.executable, "-m", "solar", "bench", data, "-b", "4", "--epochs",
+                        "2", "--only", "solar", "--json", *extra], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout), r.stderr
+
+
+def test_bench_shares_one_buffer_between_the_ranks_of_a_node_by_default(data):
+    rep, err = _bench(data)
+    assert rep["solar"]["ranks_per_node"] == 2 and rep["solar"]["policy"] == "solar-peer"
+    assert "solar: the 2 ranks of each node share one buffer" in err
+    assert all(ep["plan_violations"] == 0 for ep in rep["solar"]["epochs"])
+
+
+def test_bench_no_node_pool_gives_each_rank_its_buffer(data):
+    rep, err = _bench(data, "--no-node-pool")
+    assert "ranks_per_node" not in rep["solar"] and "pool_bytes_per_rank" in rep["solar"]
+    assert "solar: one buffer per rank (--no-node-pool)" in err
+
+
+@pytest.mark.mpi
+def test_the_ranks_of_this_machine_are_one_node(comm):
+    from solar.mpi import ranks_per_node
+    assert ranks_per_node(comm) == (comm.size, "")
