@@ -380,8 +380,10 @@ def parse_args(task: Task, doc: str, argv=None):
                         "loader, one batch kept on the device fed at every step (the loop's own ceiling)")
     p.add_argument("--plan", help="schedule file (solar); planned on rank 0 when missing")
     p.add_argument("--replan", action="store_true", help="plan again even if the schedule file exists")
-    p.add_argument("--ranks-per-node", type=int, help="when planning: node-shared buffers, this many ranks per node "
-                                                      "(solar plan --ranks-per-node; runs with mpiexec/srun)")
+    p.add_argument("--ranks-per-node", type=int,
+                   help="when planning: node-shared buffers, this many ranks per node (solar plan --ranks-per-node; "
+                        "runs with mpiexec/srun); 1: a buffer per rank; default: the job's ranks per node where "
+                        "MPI started them, else a buffer per rank")
     p.add_argument("--buffer-fraction", type=float, default=0.5, help="aggregate buffer / dataset, when planning")
     p.add_argument("--epochs", type=int, help="epochs to train (default: the plan's, or 5)")
     p.add_argument("--local-batch", type=int, help="samples per rank per step (default: the plan's, or 32)")
@@ -440,11 +442,55 @@ def split_cores(share: int, cuda: bool, threads: Optional[int], loader_cpus: Opt
     return threads or max(1, share - loader), loader
 
 
+#: launcher variables that say MPI started the ranks (a node plan's shared buffer needs MPI)
+MPI_LAUNCHED = ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK")
+
+
+def node_pool_choice(g: Group, env=None) -> Tuple[Optional[int], int, Optional[str]]:
+    """``(ranks per node for the plan or None, ranks per node found, a line for the user or None)``: where the
+    job's ranks share
+    nodes (the same number on each, placed in blocks, found from the hosts' names) and MPI launched them,
+    the node's ranks share one buffer; without MPI each rank gets its own, and the line says so.
+    Collective."""
+    import socket
+
+    from solar.topology import block_ranks_per_node
+    env = os.environ if env is None else env
+    L, why = block_ranks_per_node(g.allgather(socket.gethostname()))
+    if L is None:
+        return None, 1, f"one buffer per rank: {why}"
+    if L == 1:
+        return None, 1, None
+    if any(v in env for v in MPI_LAUNCHED):
+        return L, L, f"the {L} ranks of each node share one buffer (a node plan; --ranks-per-node 1: one per rank)"
+    return None, L, (f"one buffer per rank: the {L} ranks of each node could share one (a node plan), which needs "
+                  f"MPI (launch with mpiexec or srun, with mpi4py)")
+
+
+def node_plan_storage(args, layout, g: Group, L: int) -> int:
+    """What a node plan of ``L`` ranks per node would read from storage against the per-rank plan just made
+    (predicted, over the job), planned in a temporary file."""
+    import tempfile
+
+    import solar
+    with tempfile.TemporaryDirectory(prefix="solar-node-") as tmp:
+        kw = dict(world_size=g.size, local_batch=args.local_batch or 32, epochs=args.epochs or 5,
+                  buffer_fraction=args.buffer_fraction, seed=args.seed)
+        with solar.plan(layout, ranks_per_node=L, out=os.path.join(tmp, "node.h5"), **kw) as s:
+            node = sum(s.predicted()["storage_bytes"])
+    return node
+
+
 def ensure_plan(args, g: Group) -> str:
-    """The schedule file this job runs on, planned on rank 0 when missing or stale."""
+    """The schedule file this job runs on, planned on rank 0 when missing or stale.  Without
+    ``--ranks-per-node``, :func:`node_pool_choice` decides between a node plan and per-rank buffers for a new
+    plan; an existing file is taken as it was planned."""
     import solar
     from solar.errors import SolarError
     explicit = args.plan is not None
+    L, found, note = (args.ranks_per_node, 1, None) if args.ranks_per_node is not None else node_pool_choice(g)
+    if L == 1:
+        L = None  # one rank per node: a buffer per rank
 
     def work():
         layout = solar.load_layout(args.data)
@@ -457,7 +503,7 @@ def ensure_plan(args, g: Group) -> str:
         if reason is None:
             try:
                 with solar.Schedule.load(path, layout=layout, world_size=g.size) as s:
-                    reason = _misfit(s.config, args, s.nodes)
+                    reason = _misfit(s.config, args, s.nodes)  # ranks per node: only when given
             except SolarError as exc:
                 reason = str(exc)
             if reason and explicit:
@@ -465,10 +511,19 @@ def ensure_plan(args, g: Group) -> str:
         if reason:
             t = time.perf_counter()
             print(f"planning {path} ({reason}) ...", flush=True)
-            solar.plan(args.data, world_size=g.size, local_batch=args.local_batch or 32, epochs=args.epochs or 5,
-                       buffer_fraction=args.buffer_fraction, seed=args.seed, out=path,
-                       ranks_per_node=args.ranks_per_node).close()
+            with solar.plan(layout, world_size=g.size, local_batch=args.local_batch or 32,
+                            epochs=args.epochs or 5, buffer_fraction=args.buffer_fraction, seed=args.seed, out=path,
+                            ranks_per_node=L) as s:
+                mine = sum(s.predicted()["storage_bytes"])
             print(f"planned in {time.perf_counter() - t:.1f} s", flush=True)
+            line = note
+            if L is None and found > 1:  # what a node plan (MPI) would have saved
+                from solar.layout.summary import human_bytes
+                node = node_plan_storage(args, layout, g, found)
+                line += (f"; predicted storage reads: {human_bytes(mine)} per-rank, {human_bytes(node)} as a node "
+                         f"plan")
+            if line:
+                print(f"solar: {line}", flush=True)
         return path
 
     return on_root(g, work)
@@ -478,7 +533,8 @@ def _misfit(c, args, nodes=None) -> Optional[str]:
     """Why a schedule's config (and node map) does not fit the job (None: it fits)."""
     wrong = []
     L = nodes.ranks_per_node if nodes is not None else None
-    if getattr(args, "ranks_per_node", None) != L:
+    given = getattr(args, "ranks_per_node", None)
+    if given is not None and (given if given > 1 else None) != (L if L and L > 1 else None):
         wrong.append(f"{L or 'no'} ranks per node (job: {getattr(args, 'ranks_per_node', None) or 'none'})")
     if args.local_batch is not None and c.local_batch != args.local_batch:
         wrong.append(f"local batch {c.local_batch} (job: {args.local_batch})")
