@@ -30,8 +30,8 @@ demo: env
 	$(VENV)/bin/mpiexec -n $(NP) $(VENV)/bin/solar bench $(DATA) --epochs 3 --buffer-fraction 0.5 --cold --json \
 	    > $(DATA)/bench.json
 	$(VENV)/bin/solar gen ptychonn $(DATA)-valid --samples 128 --seed 1 --no-progress --overwrite
-	$(VENV)/bin/solar simulate $(DATA) -P $(NP) -b 16 --epochs 2 --buffer-fraction 0.5 --policies solar ideal \
-	    --json > $(DATA)/train-simulate.json
+	$(VENV)/bin/solar simulate $(DATA) -P $(NP) -b 16 --epochs 2 --buffer-fraction 0.5 --ranks-per-node $(NP) \
+	    --policies solar-peer ideal --json > $(DATA)/train-simulate.json
 	MASTER_ADDR=127.0.0.1 MASTER_PORT=$(PORT) $(VENV)/bin/mpiexec -n $(NP) $(PY) examples/train_ptychonn.py $(DATA) \
 	    --valid $(DATA)-valid $(TRAIN) --plan $(DATA)/train-plan.h5 --replan --buffer-fraction 0.5 \
 	    --log-json $(DATA)/train.jsonl --plot $(DATA)/train-loss.png

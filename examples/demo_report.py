@@ -59,7 +59,8 @@ def train_lines(epochs: list, hits: dict) -> list:
         e = r["epoch"]
         hit = r.get("buffer_hit_rate")
         ideal = hits.get("ideal", [None] * (e + 1))[e] if e < len(hits.get("ideal", [])) else None
-        planned = hits.get("solar", [None] * (e + 1))[e] if e < len(hits.get("solar", [])) else None
+        mine = hits.get("solar-peer") or hits.get("solar") or []  # the node plan's policy where ranks share a node
+        planned = mine[e] if e < len(mine) else None
         h = "-" if hit is None else f"{hit:.1%}"
         # solar simulate plans with the whole budget; the training's plan keeps the queued batches inside it
         h += "" if ideal is None else f" (simulated at the whole budget: solar {planned:.1%}, ideal {ideal:.1%})"
