@@ -89,6 +89,24 @@ def block_ranks_per_node(node_of_rank) -> "tuple[Optional[int], str]":
     return L, ""
 
 
+#: launchers (:attr:`Topology.source`) whose ranks can carry a node plan's shared buffer (MPI starts them)
+MPI_SOURCES = ("mpi4py", "Open MPI", "MPI (PMI)", "SLURM")
+
+
+def job_ranks_per_node(t: "Topology", world_size: int) -> "tuple[Optional[int], Optional[str]]":
+    """``(L or None, a line or None)`` for planning ``world_size`` ranks from inside a job ``t`` (pure): the
+    job's ranks per node when it runs that many ranks, more than one per node, in whole nodes, under a
+    launcher that MPI drives; under torchrun (no MPI to share a node's buffer) None and a line saying so;
+    outside a job, or for another job's size, None and no line."""
+    if not t.source or t.world_size != world_size or t.local_size <= 1 or world_size % t.local_size:
+        return None, None
+    L = t.local_size
+    if t.source.startswith(MPI_SOURCES):
+        return L, f"the job's {L} ranks per node share one buffer on each node ({t.source})"
+    return None, (f"a buffer per rank: the job's {L} ranks per node could share one (--ranks-per-node {L}), "
+                  f"which needs MPI to run (mpiexec or srun with mpi4py), not {t.source.split(' (')[0]}")
+
+
 _ENV = (  # (launcher, world size, rank, local rank, local size, nodes) variable names, innermost first
     ("torchrun", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", None),
     ("Open MPI", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",

@@ -70,3 +70,41 @@ def test_bench_no_node_pool_gives_each_rank_its_buffer(data):
 def test_the_ranks_of_this_machine_are_one_node(comm):
     from solar.mpi import ranks_per_node
     assert ranks_per_node(comm) == (comm.size, "")
+
+
+@pytest.mark.parametrize("env, want", [
+    ({}, None),                                                                             # not in a job
+    ({"SLURM_NTASKS": "4", "SLURM_PROCID": "0", "SLURM_NTASKS_PER_NODE": "2"}, 2),          # sbatch, 2 per node
+    ({"SLURM_NTASKS": "4", "SLURM_PROCID": "0", "SLURM_NTASKS_PER_NODE": "2(x2)"}, 2),
+    ({"PMI_SIZE": "4", "PMI_RANK": "0", "MPI_LOCALNRANKS": "4"}, 4),                        # mpiexec -n 4
+    ({"PMI_SIZE": "8", "PMI_RANK": "0", "MPI_LOCALNRANKS": "4"}, None),                      # another job's size
+    ({"SLURM_NTASKS": "4", "SLURM_PROCID": "0", "SLURM_NTASKS_PER_NODE": "1"}, None),       # one per node
+    ({"WORLD_SIZE": "4", "RANK": "0", "LOCAL_WORLD_SIZE": "4"}, None),                      # torchrun: no MPI
+])
+def test_plan_takes_the_ranks_per_node_of_the_job_it_runs_in(env, want):
+    from solar.topology import detect, job_ranks_per_node
+    L, note = job_ranks_per_node(detect(env=env), 4)
+    assert L == want
+    if "WORLD_SIZE" in env:
+        assert "needs MPI" in note and "not torchrun" in note
+
+
+def _plan(tmp_path, data, env, *extra):
+    keep = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PMI_", "OMPI_", "MPI_", "PMIX_"))
+            and k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+    out = str(tmp_path / f"plan{len(os.listdir(tmp_path))}.h5")
+    r = subprocess.run([sys.executable, "-m", "solar", "plan", data, "-P", "2", "-b", "4", "--buffer-fraction",
+                        "0.5", "-o", out, "--json", *extra], capture_output=True, text=True, timeout=300,
+                       env={**keep, **env})
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout), r.stderr
+
+
+def test_solar_plan_in_an_sbatch_script_plans_node_buffers(tmp_path, data):
+    slurm = {"SLURM_NTASKS": "2", "SLURM_PROCID": "0", "SLURM_NTASKS_PER_NODE": "2"}
+    s, err = _plan(tmp_path, data, slurm, "--epochs", "2")
+    assert s["nodes"]["ranks_per_node"] == 2 and s["policy"] == "solar-peer" and "share one buffer" in err
+    s, err = _plan(tmp_path, data, slurm, "--epochs", "2", "--no-node-pool")
+    assert s["nodes"] is None and err == ""
+    s, err = _plan(tmp_path, data, {}, "--epochs", "2")  # outside a job: as before
+    assert s["nodes"] is None and err == ""

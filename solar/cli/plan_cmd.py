@@ -25,6 +25,9 @@ examples:
   solar plan data/well -P 4 -b 4 --epochs 3 --buffer-fraction 0.5 --ranks-per-node 2 -o node.h5
   solar inspect plan.h5
 
+Run inside the job it plans for (same -P; e.g. in the sbatch script, or under mpiexec), solar plan
+takes the job's ranks per node and plans node-shared buffers where MPI or SLURM runs it (under
+torchrun a buffer per rank, with a line saying so); --no-node-pool plans a buffer per rank.
 --ranks-per-node L plans node-shared buffers: ranks n*L .. n*L+L-1 (mpiexec/srun's block placement)
 share one buffer of L x the per-rank budget, and with --policy solar-peer (the default then) a node
 may send a block it holds to another node instead of that node reading it from storage, where
@@ -68,7 +71,10 @@ def add_parser(sub):
                         f"{', '.join(NODE_POLICIES)})")
     p.add_argument("--ranks-per-node", type=positive_int,
                    help="node-shared buffers: ranks sharing one node's buffer (must divide -P; the job runs "
-                        "this many ranks per node)")
+                        "this many ranks per node; default, run inside the job under MPI or SLURM: its ranks per "
+                        "node)")
+    p.add_argument("--no-node-pool", dest="node_pool", action="store_false",
+                   help="one buffer per rank, also when run inside a job whose ranks share nodes")
     p.add_argument("--network-bandwidth", type=byte_size, metavar="BYTES/S",
                    help=f"with --ranks-per-node: bytes/s a transfer between nodes moves (default "
                         f"{DEFAULT_NETWORK_BPS:.3g})")
@@ -112,9 +118,12 @@ def run(args) -> int:
                         "--epochs auto or --window")
     if args.ranks_per_node is not None and epochs == "auto":
         raise SpecError("--ranks-per-node needs --epochs N: node plans are planned for a fixed number of epochs")
+    L, note = _ranks_per_node(args, epochs)
+    if note and L is not None:
+        note += "; --no-node-pool for a buffer per rank"
     cost = None
     if args.network_bandwidth is not None or args.storage_bandwidth is not None:
-        if args.ranks_per_node is None:
+        if L is None:
             raise SpecError("--network-bandwidth and --storage-bandwidth need --ranks-per-node (node-shared buffers)")
         cost = PeerCost(DEFAULT_NETWORK_BPS if args.network_bandwidth is None else args.network_bandwidth,
                         DEFAULT_STORAGE_BPS if args.storage_bandwidth is None else args.storage_bandwidth)
@@ -124,9 +133,31 @@ def run(args) -> int:
              buffer_per_rank=args.buffer_per_rank, buffer_fraction=args.buffer_fraction, seed=args.seed,
              drop_last=args.drop_last, epsilon=args.epsilon, policy=args.policy, out=args.output,
              progress=sys.stderr.isatty(), split=args.split, fields=args.fields, window=args.window,
-             resume_from=args.resume_from, ranks_per_node=args.ranks_per_node, peer_cost=cost,
+             resume_from=args.resume_from, ranks_per_node=L, peer_cost=cost,
              device_buffer=args.device_buffer)
     summary = s.summary()
     s.close()
+    if note:
+        print(f"solar plan: {note}", file=sys.stderr)
     print(json.dumps(summary, indent=2) if args.json else format_schedule(summary))
     return 0
+
+
+def _ranks_per_node(args, epochs) -> tuple:
+    """``(ranks_per_node or None, a line or None)``: ``--ranks-per-node`` as given; else, run inside the job
+    it plans for (its launcher's variables) and without ``--no-node-pool``, that job's ranks per node
+    (:func:`solar.topology.job_ranks_per_node`), where the plan can be a node plan."""
+    if args.ranks_per_node is not None:
+        if not args.node_pool:
+            raise SpecError("--ranks-per-node plans node buffers and --no-node-pool one buffer per rank: give one")
+        return args.ranks_per_node, None
+    if not args.node_pool:
+        return None, None
+    if args.device_buffer is not None:
+        return None, None  # a GPU tier is per rank
+    from ..topology import detect, job_ranks_per_node
+    L, note = job_ranks_per_node(detect(), args.world_size)
+    if L is not None and (epochs == "auto" or args.resume_from is not None):
+        return None, (f"a buffer per rank: the job's {L} ranks per node could share one, but node plans are "
+                      f"planned for a fixed number of epochs and not resumed yet (give --epochs N)")
+    return L, note

@@ -32,7 +32,8 @@ def check_node_placement(nodes, comm, path: str = "the schedule") -> None:
     if comm is None or comm.Get_size() == 1:
         if nodes.world_size > 1:
             raise PlacementError(f"{path} is a node plan of {nodes.world_size} ranks: pass comm= (the job's "
-                                 f"communicator)")
+                                 f"communicator: run under mpiexec or srun with mpi4py), or re-plan with "
+                                 f"--no-node-pool for a buffer per rank")
         return
     ids = machine_ids(comm)
     L = nodes.ranks_per_node
