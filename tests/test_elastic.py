@@ -621,5 +621,7 @@ def test_first_step_is_checked():
         run.advance(2, first_step=1)
     assert len(run.advance(3).miss_bytes) == 2  # then whole epochs
     from solar.scheduler.nodes import NodeMap
-    with pytest.raises(solar.SpecError, match="node-pool policy 'solar-node' plans whole epochs only"):
-        PlanRun(d, cfg, "solar-node", nodes=NodeMap(2, 2)).advance(1, first_step=1)
+    eps = []  # a node-pool policy starts mid-epoch too (a resumed node plan): the steps before are empty
+    PlanRun(d, cfg, "solar-node", nodes=NodeMap(2, 2), record=True).advance(1, on_epoch=eps.append, first_step=1)
+    assert eps[0].bounds[1] == 0 and eps[0].indices.shape[0] == 32 and not eps[0].count[0].any()
+    assert eps[0].load_ptr[1] == 0 and eps[0].stats[0].sum() == 0

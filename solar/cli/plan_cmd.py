@@ -32,6 +32,8 @@ torchrun a buffer per rank, with a line saying so); --no-node-pool plans a buffe
 share one buffer of L x the per-rank budget, and with --policy solar-peer (the default then) a node
 may send a block it holds to another node instead of that node reading it from storage, where
 --network-bandwidth / --storage-bandwidth say it is faster.  The job must run with L ranks per node.
+A node plan may be open-ended (--epochs auto: the loader plans every node's next window) or plan the
+rest of a checkpointed job (--resume-from, its policy kept if it was a node plan's).
 
 --resume-from STATE plans the rest of a job checkpointed on other ranks (STATE: loader.state_dict()
 as JSON, or a torch checkpoint holding it) on -P ranks with the same global batch: -b, --epochs,
@@ -116,9 +118,7 @@ def run(args) -> int:
     elif args.window is not None or epochs == "auto":
         raise SpecError("--resume-from plans a fixed number of epochs: give --epochs N (the job's total), not "
                         "--epochs auto or --window")
-    if args.ranks_per_node is not None and epochs == "auto":
-        raise SpecError("--ranks-per-node needs --epochs N: node plans are planned for a fixed number of epochs")
-    L, note = _ranks_per_node(args, epochs)
+    L, note = _ranks_per_node(args)
     if note and L is not None:
         note += "; --no-node-pool for a buffer per rank"
     cost = None
@@ -143,7 +143,7 @@ def run(args) -> int:
     return 0
 
 
-def _ranks_per_node(args, epochs) -> tuple:
+def _ranks_per_node(args) -> tuple:
     """``(ranks_per_node or None, a line or None)``: ``--ranks-per-node`` as given; else, run inside the job
     it plans for (its launcher's variables) and without ``--no-node-pool``, that job's ranks per node
     (:func:`solar.topology.job_ranks_per_node`), where the plan can be a node plan."""
@@ -156,8 +156,4 @@ def _ranks_per_node(args, epochs) -> tuple:
     if args.device_buffer is not None:
         return None, None  # a GPU tier is per rank
     from ..topology import detect, job_ranks_per_node
-    L, note = job_ranks_per_node(detect(), args.world_size)
-    if L is not None and (epochs == "auto" or args.resume_from is not None):
-        return None, (f"a buffer per rank: the job's {L} ranks per node could share one, but node plans are "
-                      f"planned for a fixed number of epochs and not resumed yet (give --epochs N)")
-    return L, note
+    return job_ranks_per_node(detect(), args.world_size)

@@ -49,10 +49,12 @@ class WindowPlanner:
     plan holds.  :meth:`prepare` ``(w)`` starts planning window ``w`` in a thread.
     """
 
+    PARTS = (*RANK_LISTS, *(n + "_count" for n in RANK_LISTS), "stats")  # the arrays of a slice
+
     def __init__(self, schedule, rank: int, first: RankPlan):
         self.schedule, self.rank = schedule, int(rank)
         self.K, self.S, self.P = schedule.window, schedule.steps_per_epoch, schedule.world_size
-        self.slices: Dict[int, WindowSlice] = {0: WindowSlice(0, first.arrays(), np.zeros(0, np.int64))}
+        self.slices: Dict[int, WindowSlice] = {0: self._first_slice(first)}
         self.run: Optional[PlanRun] = None  # created (and window 0 replayed) by the first extension
         self.planned = 1  # windows planned so far: the engine state is at the end of window planned - 1
         self.n_blocks = schedule.n_blocks
@@ -62,6 +64,10 @@ class WindowPlanner:
         self._warned = False
         self.plan_s: Dict[int, float] = {}  # seconds spent planning each window (0: the replay)
 
+    def _first_slice(self, first) -> WindowSlice:
+        """Window 0's slice: the file's plan of this rank (``first``)."""
+        return WindowSlice(0, first.arrays(), np.zeros(0, np.int64))
+
     # ---------------------------------------------------------------- planning
     def _replay(self) -> PlanRun:
         """A PlanRun at the end of window 0, made by planning the file's epochs again (not recorded)."""
@@ -69,10 +75,11 @@ class WindowPlanner:
         demand = Demand(d["sample_ptr"], np.asarray(d["sample_blocks"], np.int64), d["block_nbytes"],
                         d["block_stored"], s.fingerprint)
         t0 = time.perf_counter()
-        run = PlanRun(demand, s.config, s.policy, record=False, open_ended=True)
+        run = PlanRun(demand, s.config, s.policy, record=False, open_ended=True, nodes=s.nodes, cost=s.peer_cost)
         res = run.advance(self.K)
         want = s.predicted()
-        if res.hit_bytes != want["hit_bytes"] or res.miss_bytes != want["miss_bytes"]:
+        if res.hit_bytes != want["hit_bytes"] or res.miss_bytes != want["miss_bytes"] or (
+                s.nodes is not None and res.peer_bytes != want["peer_bytes"]):
             raise ScheduleError(f"{s.path}: planning the file's first window again does not give the file's plan "
                                 f"(solar {s.solar_version} wrote it); re-run solar plan")
         run.record = True  # the next windows' load/evict lists are needed
@@ -85,7 +92,7 @@ class WindowPlanner:
             self.run = self._replay()
         w = self.planned
         t0 = time.perf_counter()
-        parts = {n: [] for n in (*RANK_LISTS, *(n + "_count" for n in RANK_LISTS), "stats")}
+        parts = {n: [] for n in self.PARTS}
         self.run.advance((w + 1) * self.K, on_epoch=lambda ep: self._keep(ep, parts))
         arrays = {n: np.concatenate(v) for n, v in parts.items()}
         prev = self.slices[w - 1]
@@ -177,9 +184,10 @@ class WindowPlanner:
 
 
 def _resident_after(sl: WindowSlice, n_blocks: int) -> np.ndarray:
-    """int64 block ids resident at the end of window slice ``sl`` (ascending)."""
+    """int64 block ids resident at the end of window slice ``sl`` (ascending): its ``resident`` plus its
+    ``load`` minus its ``evict`` (a rank's buffer, or a node's pool)."""
     count = np.zeros(n_blocks, dtype=np.int64)
-    np.add.at(count, sl.resident, 1)
+    np.add.at(count, np.asarray(sl.resident, np.int64), 1)
     np.add.at(count, np.asarray(sl.arrays["load"], np.int64), 1)
     np.add.at(count, np.asarray(sl.arrays["evict"], np.int64), -1)
     return np.flatnonzero(count > 0)

@@ -112,7 +112,10 @@ class SolarLoader:
     ranks of a planned node must share memory (checked: launch L ranks per node in block order), and
     starting or stopping the buffer is collective: every rank iterates, seeks (``set_epoch`` to another
     epoch, ``load_state_dict``) and closes at the same points, as a DDP loop does.  :meth:`stats` adds the
-    transfer counts.
+    transfer counts.  An open-ended node plan goes on as above: every rank plans every node's next window
+    (:class:`~solar.loader.node_windows.NodeWindowPlanner`) and at a window edge the node buffers restart
+    together, each pool first reading what its plan holds there.  A node plan of a resumed job (format
+    version 7) starts at its resume step with empty pools.
     """
 
     def __init__(self, schedule: Union[str, Schedule], data: Union[str, "Layout", None] = None, *, comm=None,
@@ -205,7 +208,7 @@ class SolarLoader:
         self.S = self.schedule.steps_per_epoch
         self.open_ended = self.schedule.open_ended
         self.epochs: Optional[int] = None if self.open_ended else self.schedule.epochs  # None: no last epoch
-        self.windows = WindowPlanner(self.schedule, self.rank, self.rank_plan) if self.open_ended else None
+        self.windows = _window_planner(self.schedule, self.rank, self.rank_plan) if self.open_ended else None
         self.cursor = self.schedule.start_step  # next global step (a resumed job's steps before its start are empty)
         self.buffer: Optional[BufferManager] = None
         self._step_total = None  # global batch size per step, read lazily (see _weight)
@@ -420,6 +423,14 @@ class SolarLoader:
             if not (isinstance(exc, SystemExit) and not exc.code):
                 report_and_abort(self.comm, exc)
         self.close()
+
+
+def _window_planner(schedule, rank: int, first) -> WindowPlanner:
+    """The planner of an open-ended schedule's next windows for ``rank`` (``first``: its plan of the file's)."""
+    if schedule.nodes is not None:
+        from .node_windows import NodeWindowPlanner
+        return NodeWindowPlanner(schedule, rank, first)
+    return WindowPlanner(schedule, rank, first)
 
 
 def _device_type(device) -> str:

@@ -1,5 +1,5 @@
-"""The schedule file format (HDF5), version 4, version 5 for a resumed job and version 6 for a plan of
-node-shared buffers (versions 1-3 are still read).
+"""The schedule file format (HDF5), version 4, version 5 for a resumed job, version 6 for a plan of
+node-shared buffers and 7 for one of a resumed job (versions 1-3 are still read).
 
 ::
 
@@ -71,7 +71,14 @@ nodes, ranks ``n*L .. n*L+L-1`` on node n.  What changes:
     /epochs/rank_miss_bytes             int64[E, Q]  per node (not per rank)
     /epochs/peer_bytes                  int64[E]  decoded bytes sent between nodes
 
-A node plan is never open-ended or resumed.  Older solar refuses the version.
+A node plan may be open-ended (``open_ended`` 1, the file holds the first ``window`` epochs; the loader plans
+the next windows of every node, :mod:`solar.loader.node_windows`); solar before open-ended node plans refuses
+such a file (as damaged).  Older solar refuses the version.
+
+Version 7 is a node plan of a resumed job (``solar plan --resume-from STATE --ranks-per-node L``): version 6's
+groups and attributes plus version 5's ``resume`` (both covered by ``header_sha256``); its steps before
+``resume["step"]`` are empty (no samples, pool, staging or transfer lists: every node starts empty).  It is
+never open-ended.  Older solar refuses the version.
 """
 from __future__ import annotations
 
@@ -87,7 +94,8 @@ FORMAT = "solar-schedule"
 VERSION = 4
 RESUMED_VERSION = 5  # a resumed job's file (header attribute ``resume``)
 NODE_VERSION = 6     # a node-pool plan (header attribute ``nodes``, groups ``/nodes/<n>``)
-READABLE_VERSIONS = (1, 2, 3, 4, 5, 6)
+NODE_RESUMED_VERSION = 7  # a node-pool plan of a resumed job (version 6 + the attribute ``resume``)
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7)
 STATS = ("hits", "hit_bytes", "misses", "miss_bytes", "stored_bytes")
 RANK_LISTS = ("samples", "load", "evict")
 NODE_LISTS = ("load", "evict", "stage", "send", "recv")
@@ -99,6 +107,7 @@ HEADER_KEYS_V3 = HEADER_KEYS_V2 + ("layout_bytes",)
 HEADER_KEYS_V4 = HEADER_KEYS_V3 + ("open_ended", "window")
 HEADER_KEYS = HEADER_KEYS_V4 + ("resume",)
 HEADER_KEYS_V6 = HEADER_KEYS_V4 + ("nodes",)
+HEADER_KEYS_V7 = HEADER_KEYS_V6 + ("resume",)
 
 
 def id_dtype(n_samples: int, n_blocks: int) -> np.dtype:
@@ -108,7 +117,7 @@ def id_dtype(n_samples: int, n_blocks: int) -> np.dtype:
 def header_keys(version: int) -> Tuple[str, ...]:
     """The root attributes ``header_sha256`` covers in files of format ``version``."""
     return {1: HEADER_KEYS_V1, 2: HEADER_KEYS_V2, 3: HEADER_KEYS_V3, 4: HEADER_KEYS_V4,
-            6: HEADER_KEYS_V6}.get(version, HEADER_KEYS)
+            6: HEADER_KEYS_V6, 7: HEADER_KEYS_V7}.get(version, HEADER_KEYS)
 
 
 def header_digest(attrs, version: int = VERSION) -> str:

@@ -94,7 +94,10 @@ def plan(data: Union[str, "Demand", object], *, world_size: int, local_batch: Op
     per node, plus blocks sent between nodes where ``peer_cost``, a
     :class:`~solar.scheduler.nodes.PeerCost`, says the network is faster than storage; ``"solar-node"``:
     no transfers).  The job must run L ranks per node in that order (the loader checks that each planned
-    node's ranks share memory).  Not with ``resume_from`` or ``epochs="auto"``.
+    node's ranks share memory).  Open-ended (``epochs="auto"``) as a per-rank plan: the loader plans the next
+    node windows.  With ``resume_from``: the rest of the checkpointed job as a node plan (format version 7),
+    with the checkpointed job's policy if it was a node plan's, else ``"solar-peer"``; without
+    ``ranks_per_node`` a node job resumes with one buffer per rank (policy ``"solar"`` by default).
     """
     check_count("world_size", world_size)
     host_budget = None
@@ -102,14 +105,14 @@ def plan(data: Union[str, "Demand", object], *, world_size: int, local_batch: Op
         device_buffer, host_budget = _device_budget(device_buffer, buffer_per_rank, buffer_fraction, ranks_per_node,
                                                     resume_from)
         buffer_per_rank, buffer_fraction = device_buffer, None
-    nodes = _nodes(world_size, ranks_per_node, peer_cost, policy, resume_from, epochs)
-    if nodes is not None and policy is None:
-        policy = "solar-peer"
-    if resume_from is not None:
+    nodes = _nodes(world_size, ranks_per_node, peer_cost)
+    if resume_from is not None:  # policy None: the checkpointed job's, where it plans what this job runs
         return _plan_resumed(data, resume_from, world_size=world_size, local_batch=local_batch, epochs=epochs,
                              buffer_per_rank=buffer_per_rank, buffer_fraction=buffer_fraction, seed=seed,
                              drop_last=drop_last, epsilon=epsilon, policy=policy, out=out, progress=progress,
-                             split=split, fields=fields, window=window)
+                             split=split, fields=fields, window=window, nodes=nodes)
+    if nodes is not None and policy is None:
+        policy = "solar-peer"
     if local_batch is None or epochs is None:
         raise SpecError(f"{'local_batch' if local_batch is None else 'epochs'} is required (or resume_from=, "
                         f"which takes it from a checkpointed job)")
@@ -178,8 +181,9 @@ def _check_staging(host_budget: int, demand, local_batch: int, epsilon: float) -
 
 
 def _plan_resumed(data, state, *, world_size: int, local_batch, epochs, buffer_per_rank, buffer_fraction, seed,
-                  drop_last, epsilon, policy, out, progress, split, fields, window) -> Schedule:
-    """:func:`plan` with ``resume_from=state``: the rest of a checkpointed job on ``world_size`` ranks."""
+                  drop_last, epsilon, policy, out, progress, split, fields, window, nodes=None) -> Schedule:
+    """:func:`plan` with ``resume_from=state``: the rest of a checkpointed job on ``world_size`` ranks (with
+    ``nodes``, ``(NodeMap, PeerCost)``: as a node plan)."""
     from ..scheduler import elastic
     from .resume import read_state
     if window is not None:
@@ -187,21 +191,22 @@ def _plan_resumed(data, state, *, world_size: int, local_batch, epochs, buffer_p
     if isinstance(state, (str, os.PathLike)):
         state = read_state(state)
     old = elastic.check_state(state)  # before the layout is built: a bad state fails fast
-    if policy is None and get_policy(old["policy"]).node_pools:  # a node job resumes with one buffer per rank
-        policy = "solar"
+    if policy is None and get_policy(old["policy"]).node_pools != (nodes is not None):
+        policy = "solar" if nodes is None else "solar-peer"  # the old job's policy plans the other kind of buffer
     out = _out_path(out)
     data, demand, source = _inputs(data, out, progress, split, fields)
     job = elastic.resume_job(state, demand.n_samples, demand.fingerprint, world_size=world_size,
                              local_batch=local_batch, epochs=epochs, seed=seed, drop_last=drop_last,
                              epsilon=epsilon, policy=policy)
-    pol = _policy(job.policy)
+    pol = _policy(job.policy, nodes is not None)
     budget = buffer_bytes(demand, world_size, buffer_per_rank, buffer_fraction)
     cfg = PlanConfig(world_size, job.local_batch, job.epochs,
                      residency_budget(budget, demand, job.local_batch, job.epsilon, None if data is demand else data),
                      seed=job.seed, drop_last=job.drop_last, epsilon=job.epsilon)
-    run = elastic.ResumedRun(demand, cfg, pol, job.point)  # before the file: SpecError leaves none
+    node_args = {} if nodes is None else {"nodes": nodes[0], "cost": nodes[1]}
+    run = elastic.ResumedRun(demand, cfg, pol, job.point, **node_args)  # before the file: SpecError leaves none
     w = ScheduleWriter(out, demand, cfg, pol.name, run.S, source=source, layout=None if data is demand else data,
-                       resume=job.record)
+                       resume=job.record, nodes=nodes)
     return _write(w, out, lambda: run.advance(w.add_epoch, progress=progress))
 
 
@@ -221,17 +226,13 @@ def _policy(name: str, node_pools: bool = False):
     return pol
 
 
-def _nodes(world_size: int, ranks_per_node, peer_cost, policy, resume_from, epochs):
+def _nodes(world_size: int, ranks_per_node, peer_cost):
     """``(NodeMap, PeerCost)`` of a node plan, or None (one buffer per rank)."""
     from ..scheduler.nodes import NodeMap, PeerCost
     if ranks_per_node is None:
         if peer_cost is not None:
             raise SpecError("peer_cost= needs ranks_per_node= (node-shared buffers)")
         return None
-    if resume_from is not None:
-        raise SpecError("ranks_per_node= with resume_from=: a resumed job is planned with one buffer per rank")
-    if epochs == "auto":
-        raise SpecError("ranks_per_node= needs a fixed number of epochs (not 'auto')")
     if peer_cost is not None and not isinstance(peer_cost, PeerCost):
         raise SpecError(f"peer_cost must be a solar.scheduler.nodes.PeerCost, got {type(peer_cost).__name__}")
     return NodeMap(world_size, ranks_per_node), peer_cost if peer_cost is not None else PeerCost()

@@ -109,8 +109,8 @@ class Schedule:
         self.layout_bytes = checks.attr_int(a, "layout_bytes") if self.version > 2 else 0
         self.open_ended = bool(checks.attr_int(a, "open_ended", 0, 1)) if self.version > 3 else False
         self.window = checks.attr_int(a, "window", 0, 2**31) if self.version > 3 else 0
-        resume = checks.attr_str(a, "resume") if self.version == 5 else None
-        nodes = checks.attr_str(a, "nodes") if self.version == 6 else None
+        resume = checks.attr_str(a, "resume") if self.version in (5, 7) else None
+        nodes = checks.attr_str(a, "nodes") if self.version in (6, 7) else None
         #: where the plan's residency was planned to live: "host" (process memory) or "device" (``solar plan
         #: --device-buffer``: the loader's default buffer_device is then CUDA)
         self.buffer_place = checks.attr_str(a, "buffer_place") if "buffer_place" in a else "host"
@@ -127,18 +127,16 @@ class Schedule:
         self.steps_per_epoch = ints["steps_per_epoch"]
         checks.check_sizes(self.config, self.n_samples, self.n_blocks, self.steps_per_epoch, texts["id_dtype"])
         checks.check_window(self.open_ended, self.window, self.config.epochs)
-        #: a job resumed on another world size (format version 5): ``{"step": first step trained, "from": the
+        #: a job resumed on another world size (format version 5, 7): ``{"step": first step trained, "from": the
         #: checkpointed job's loader state}``; None otherwise
         self.resume = None if resume is None else checks.parse_resume(resume, self.config, self.n_samples,
                                                                      self.fingerprint)
         if self.resume is not None and self.open_ended:
             raise checks.Damaged("an open-ended schedule cannot be a resumed one (attribute resume)")
-        #: a node-pool plan (format version 6): its :class:`~solar.scheduler.nodes.NodeMap` and
+        #: a node-pool plan (format version 6, 7): its :class:`~solar.scheduler.nodes.NodeMap` and
         #: :class:`~solar.scheduler.nodes.PeerCost`; None (and None) for a plan of one buffer per rank
         self.nodes, self.peer_cost = (None, None) if nodes is None else checks.parse_nodes(nodes, self.config,
                                                                                             self.policy)
-        if self.nodes is not None and self.open_ended:
-            raise checks.Damaged("a node plan cannot be open-ended")
         self.id_dtype = np.dtype(texts["id_dtype"])
         ranks = self._f["ranks"] if "ranks" in self._f else None
         P = self.world_size
@@ -531,13 +529,15 @@ class NodeRankPlan:
 
     ``samples`` id[n_r] with ``samples_ptr`` int64[G+1]; ``node(n)`` as NodePlan's: ``load``/``evict``/
     ``stage``/``send``/``recv`` with int64[G+1] ``*_ptr``, ``send_to``/``recv_from`` int32, ``stats``
-    int64[G, 10].
+    int64[G, 10].  ``n_steps``: G when it is not the file's (a later window of an open-ended plan,
+    :mod:`solar.loader.node_windows`); ``n_transfers``: the transfers of the plan the lists are.
     """
 
     def __init__(self, schedule: "Schedule", rank: int, samples: Dict[str, np.ndarray], node: Dict[str, np.ndarray],
-                 n_transfers: int):
+                 n_transfers: int, n_steps: Optional[int] = None):
         self.nodes, self.policy = schedule.nodes, schedule.policy
-        self.steps_per_epoch, self.n_steps = schedule.steps_per_epoch, schedule.n_steps
+        self.steps_per_epoch = schedule.steps_per_epoch
+        self.n_steps = schedule.n_steps if n_steps is None else int(n_steps)  # a later window's: more
         self.rank_id, self.node_id = rank, rank // self.nodes.ranks_per_node
         self.samples = samples["samples"]
         self.samples_ptr = _ptr(samples["samples_count"])

@@ -13,8 +13,8 @@ from .. import __version__
 from ..atomic import AtomicH5
 from ..scheduler.config import PlanConfig
 from ..scheduler.run import Demand, EpochPlan, PolicyResult
-from .format import (FORMAT, LIBVER, NODE_LISTS, NODE_PEERS, NODE_VERSION, RANK_LISTS, RESUMED_VERSION, STATS, VERSION,
-                     array_digest, header_digest, id_dtype, put_text, source_paths)
+from .format import (FORMAT, LIBVER, NODE_LISTS, NODE_PEERS, NODE_RESUMED_VERSION, NODE_VERSION, RANK_LISTS,
+                     RESUMED_VERSION, STATS, VERSION, array_digest, header_digest, id_dtype, put_text, source_paths)
 from .pack import csr_rank_major, samples_rank_major, split_rows
 from .stored_layout import write_layout
 
@@ -35,7 +35,7 @@ class ScheduleWriter:
     ``window`` > 0: an open-ended job whose first ``window`` (= ``cfg.epochs``) epochs are written.
     ``resume``: a job resumed on another world size (format version 5, header attribute ``resume``:
     ``{"step": first step trained, "from": the checkpointed job's loader state}``).
-    ``nodes``: a node-pool plan (format version 6): ``(NodeMap, PeerCost)``; its epochs are
+    ``nodes``: a node-pool plan (format version 6, 7 when resumed): ``(NodeMap, PeerCost)``; its epochs are
     :class:`~solar.scheduler.node_plan.NodeEpochPlan` s.
     ``buffer_place="device"``: the residency was planned for a buffer in device memory (``solar plan
     --device-buffer``): the root attribute ``buffer_place`` says so, and the loader puts the pools on the GPU by
@@ -51,9 +51,12 @@ class ScheduleWriter:
         self.buffer_place = buffer_place
         self.resume = resume
         self.nodes, self.cost = nodes if nodes is not None else (None, None)
-        if self.nodes is not None and (resume is not None or self.window):
-            raise ValueError("a node-pool plan is neither resumed nor open-ended")
-        self.version = NODE_VERSION if self.nodes is not None else VERSION if resume is None else RESUMED_VERSION
+        if resume is not None and self.window:
+            raise ValueError("a resumed plan is not open-ended")
+        if self.nodes is not None:
+            self.version = NODE_VERSION if resume is None else NODE_RESUMED_VERSION
+        else:
+            self.version = VERSION if resume is None else RESUMED_VERSION
         self.P, self.E = cfg.world_size, cfg.epochs
         self.idt = id_dtype(demand.n_samples, demand.n_blocks)
         self.flush_bytes = flush_bytes

@@ -21,10 +21,10 @@ is trained exactly once when the old job pads, every later epoch is exactly what
 whose steps before the resume point are empty.  Old step ``g = e*S + s`` (S steps per epoch on
 P ranks) becomes new step ``e*S' + min(s, S')`` (S' = S unless ``drop_last`` changes it).
 
-**Buffers.**  A new job's ranks start with empty buffers, and so does its plan: the engine starts the epoch in
-progress at the resume step with empty buffers (``PlanRun.advance(first_step=...)``), Belady's next uses and the
-routing computed over the steps from there on, so it plans that epoch as a job whose epoch began there; the
-later epochs follow as in any plan.
+**Buffers.**  A new job's ranks (a node plan's nodes) start with empty buffers, and so does its plan: the engine
+starts the epoch in progress at the resume step with empty buffers (``PlanRun.advance(first_step=...)``), Belady's
+next uses and the routing computed over the steps from there on, so it plans that epoch as a job whose epoch began
+there; the later epochs follow as in any plan.
 """
 from __future__ import annotations
 
@@ -255,10 +255,13 @@ class ResumedRun:
     where positions before ``point.epoch`` are empty and ``point.epoch`` starts at ``point.step`` with empty
     buffers: the epochs from ``point.epoch`` on are a job of their own (:func:`shifted_config`) whose first epoch
     the engine starts at ``point.step`` (``PlanRun.advance(first_step=...)``: Belady's next uses and the routing
-    see only the steps trained).  ``policy`` must train epochs in order (identity epoch order).  Made before
-    anything is written: a :class:`SpecError` (a buffer too small, ...) comes first."""
+    see only the steps trained).  ``policy`` must train epochs in order (identity epoch order).  A node-pool
+    policy plans the rest as a node plan on ``nodes`` (a :class:`~solar.scheduler.nodes.NodeMap`) with ``cost``
+    (a :class:`~solar.scheduler.nodes.PeerCost`): its epochs are
+    :class:`~solar.scheduler.node_plan.NodeEpochPlan` s, the empty ones included.  Made before anything is
+    written: a :class:`SpecError` (a buffer too small, ...) comes first."""
 
-    def __init__(self, demand, cfg: PlanConfig, policy, point: ResumePoint):
+    def __init__(self, demand, cfg: PlanConfig, policy, point: ResumePoint, nodes=None, cost=None):
         if policy.epoch_order != "identity":
             raise ResumeError(f"policy {policy.name!r} orders epochs {policy.epoch_order!r} over the whole job; a "
                               f"resumed job needs one that trains epochs in order (solar, nopfs, torch)")
@@ -267,7 +270,8 @@ class ResumedRun:
         if point.global_step != point.epoch * self.S + point.step or point.step >= self.S:
             raise ResumeError(f"resume point epoch {point.epoch} step {point.step} is not global step "
                               f"{point.global_step} of a job with {self.S} steps per epoch")
-        self.run = PlanRun(demand, shifted_config(cfg, point.epoch), policy, record=True)
+        self.nodes = nodes if policy.node_pools else None
+        self.run = PlanRun(demand, shifted_config(cfg, point.epoch), policy, record=True, nodes=nodes, cost=cost)
 
     def advance(self, on_epoch: Callable[[EpochPlan], None], progress: bool = False) -> PolicyResult:
         """Plan every epoch position, handing each (empty, or planned: the first from the resume step) to
@@ -275,18 +279,52 @@ class ResumedRun:
         point)."""
         cfg, e0, S, P = self.cfg, self.point.epoch, self.S, self.cfg.world_size
         result = PolicyResult(self.policy.name, list(range(cfg.epochs)))
+        nodes = self.nodes
+        add = _add if nodes is None else _add_node
         for e in range(e0):
-            ep = empty_epoch(e, S, P)
-            _add(result, ep, P)
+            ep = empty_epoch(e, S, P) if nodes is None else empty_node_epoch(e, S, nodes)
+            add(result, ep, P)
             on_epoch(ep)
 
-        def shifted(ep: EpochPlan):
+        def shifted(ep):
             pos = ep.position + e0
             ep = replace(ep, position=pos, source_epoch=pos, step0=pos * S)
-            _add(result, ep, P)
+            add(result, ep, P)
             on_epoch(ep)
         self.run.advance(cfg.epochs - e0, on_epoch=shifted, progress=progress, first_step=self.point.step)
         return result
+
+
+def empty_node_epoch(position: int, S: int, nodes):
+    """:func:`empty_epoch` of a node-pool plan (a :class:`~solar.scheduler.node_plan.NodeEpochPlan` of S steps
+    on ``nodes``, a NodeMap): no sample, load, eviction, staging read or transfer."""
+    from .node_plan import NODE_STATS, NodeEpochPlan
+    P, Q = nodes.world_size, nodes.n_nodes
+    ids = np.zeros(0, dtype=np.int64)
+    ptr = np.zeros(S * Q + 1, dtype=np.int64)
+    x = np.zeros(0, dtype=np.int32)
+    return NodeEpochPlan(position, position, position * S, ids, np.zeros(S + 1, dtype=np.int64), nodes,
+                         np.zeros(0, np.int32), np.zeros((S, P), dtype=np.int64),
+                         np.zeros((S, Q, len(NODE_STATS)), dtype=np.int64), 0, ids, ptr, ids, ptr.copy(), ids,
+                         ptr.copy(), x, x, ids, np.zeros(S + 1, dtype=np.int64))
+
+
+def _add_node(result: PolicyResult, ep, P: int):
+    """:func:`_add` of a node epoch plan (per node misses, peer and staging bytes)."""
+    from .node_plan import NODE_STATS
+    col = {k: i for i, k in enumerate(NODE_STATS)}
+    st = ep.stats  # (S, Q, 10)
+    result.hit_bytes.append(int(st[:, :, col["hit_bytes"]].sum()))
+    result.miss_bytes.append(int(st[:, :, col["miss_bytes"]].sum()))
+    result.stored_bytes.append(int(st[:, :, col["stored_bytes"]].sum()))
+    result.demand_bytes.append(int(ep.demand_bytes))
+    trained = ep.count[np.diff(ep.bounds) > 0]  # (steps that train, P)
+    result.max_local_batch.append(int(trained.max()) if trained.size else 0)
+    result.min_local_batch.append(int(trained.min()) if trained.size else 0)
+    result.rank_miss_bytes.append(st[:, :, col["miss_bytes"]].sum(axis=0))  # (Q,) per node
+    result.peer_bytes.append(int(st[:, :, col["peer_bytes"]].sum()))
+    staged = st[:, :, col["peer_bytes"]] + st[:, :, col["staged_bytes"]]
+    result.staging_bytes.append(int(staged.max()) if staged.size else 0)
 
 
 def _add(result: PolicyResult, ep: EpochPlan, P: int):

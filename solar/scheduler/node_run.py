@@ -16,7 +16,10 @@ from .nodes import split_to_ranks
 
 
 def node_epoch(run, e: int, idx, acc_ptr, nu, acc_blk, step0: int, result, on_epoch):
-    """Plan epoch position ``e`` of ``run`` (a PlanRun of a node-pool policy) and record its results."""
+    """Plan epoch position ``e`` of ``run`` (a PlanRun of a node-pool policy) and record its results.  An epoch
+    that starts at ``run.first_step`` > 0 (a resumed job, from empty pools) is planned and recorded as
+    :meth:`~solar.scheduler.run.PlanRun.advance` says: its positions from that step on, ``bounds`` shifted so
+    that the steps before are empty, zero counts and empty lists there."""
     pol, cfg, nodes = run.pol, run.cfg, run.nodes
     L, P, S = nodes.ranks_per_node, cfg.world_size, run.S
     job, ep, buf, out = run.kernel_args(acc_ptr, nu, acc_blk, step0, run.record, True)
@@ -35,8 +38,13 @@ def node_epoch(run, e: int, idx, acc_ptr, nu, acc_blk, step0: int, result, on_ep
         raise RuntimeError(f"planner engine failed with status {int(err[0])} at step {int(err[1])}")
     st, node_of, record = out.st, out.buf_of, run.record
     n_load, n_evict, n_stage, n_x = (int(v) for v in out.n)
-    rank_of = split_to_ranks(node_of, run.bounds, nodes)
-    step = np.repeat(np.arange(S, dtype=np.int64), np.diff(run.bounds))  # (T,) step of each position
+    f, bounds = run.first_step, run.bounds
+    if f:  # a resumed job's first epoch: the steps before f train nothing, keep the positions from f on
+        cut = int(bounds[f])
+        idx, node_of = idx[cut:], node_of[cut:]
+        bounds = np.maximum(bounds - cut, 0)  # int64[S+1]: steps before f empty
+    rank_of = split_to_ranks(node_of, bounds, nodes)
+    step = np.repeat(np.arange(S, dtype=np.int64), np.diff(bounds))  # (T,) step of each position
     count = np.bincount(step * P + rank_of, minlength=S * P).reshape(S, P)  # (S, P) samples per rank
     miss_bytes = st[kn.MISS_BYTES]
     demand_bytes = int(run.sample_bytes[idx].sum())
@@ -44,8 +52,8 @@ def node_epoch(run, e: int, idx, acc_ptr, nu, acc_blk, step0: int, result, on_ep
     result.miss_bytes.append(int(miss_bytes.sum()))
     result.stored_bytes.append(int(st[kn.STORED].sum()))
     result.demand_bytes.append(demand_bytes)
-    result.max_local_batch.append(int(count.max()))
-    result.min_local_batch.append(int(count.min()))
+    result.max_local_batch.append(int(count[f:].max()))
+    result.min_local_batch.append(int(count[f:].min()))
     result.rank_miss_bytes.append(miss_bytes.sum(axis=0))  # (Q,) per node
     result.peer_bytes.append(int(st[kn.PEER_BYTES].sum()))
     result.staging_bytes.append(int((st[kn.PEER_BYTES] + st[kn.STAGED_BYTES]).max()))
@@ -66,5 +74,5 @@ def node_epoch(run, e: int, idx, acc_ptr, nu, acc_blk, step0: int, result, on_ep
             src, dst, x_ptr = np.repeat(src, sizes), np.repeat(dst, sizes), per[x_ptr]
         xfer = (src, dst, blk, x_ptr)
     stats = np.ascontiguousarray(st.transpose(1, 2, 0))  # (NST, S, Q) -> (S, Q, NST)
-    on_epoch(NodeEpochPlan(e, run.source_epoch(e), step0, idx, run.bounds, nodes, rank_of, count, stats,
+    on_epoch(NodeEpochPlan(e, run.source_epoch(e), step0, idx, bounds, nodes, rank_of, count, stats,
                            demand_bytes, *lists, *xfer))

@@ -35,7 +35,7 @@ from .steps import buffer_step
 def run_epoch_peer(job, ep, buf, out):
     """Process every step of one epoch over Q = ``job.n_buf`` node pools (``job.per_buf`` = L ranks each,
     ``job.ranks`` = P = Q*L ranks); the structs of :mod:`.kernel`, at node level (``cap_lo``/``cap_hi``/
-    ``target`` per node, ``budget`` per node; ``ep.first_step`` must be 0).  Differences from
+    ``target`` per node, ``budget`` per node; steps before ``ep.first_step`` skipped).  Differences from
     :func:`.engine.run_epoch`:
 
     job.mode            ROUTED (``solar-peer``: samples routed to the node holding their bytes) or

@@ -403,8 +403,6 @@ class PlanRun:
         if first_step and self.planned:
             raise SpecError(f"first_step {first_step}: only the first epoch planned can start mid-epoch (from empty "
                             f"buffers); {self.planned} epochs are planned")
-        if first_step and self.pol.node_pools:
-            raise SpecError(f"first_step {first_step}: node-pool policy {self.pol.name!r} plans whole epochs only")
         self.first_step = int(first_step)
         result = PolicyResult(self.pol.name, [self.source_epoch(e) for e in range(self.planned, stop)])
         it = range(self.planned, int(stop))
