@@ -43,7 +43,8 @@ def test_resumed_node_plan_trains_distributed_sampler_batches_from_the_resume_st
     G = P * b
     divisors = [d for d in range(1, G + 1) if G % d == 0]
     P2 = divisors[k % len(divisors)]
-    L = [d for d in range(1, P2 + 1) if P2 % d == 0][j % len([d for d in range(1, P2 + 1) if P2 % d == 0])]
+    per_node = [d for d in range(1, P2 + 1) if P2 % d == 0]
+    L = per_node[j % len(per_node)]
     if drop_last and n < max(P, P2):
         return
     demand = Demand.synthetic(n, 100, samples_per_block=spb)

@@ -91,7 +91,7 @@ def check_window(open_ended: bool, window: int, epochs: int):
 
 
 def parse_resume(text: str, cfg: PlanConfig, n_samples: int, fingerprint: str) -> dict:
-    """The ``resume`` attribute of a version-5 file (JSON ``{"step", "from"}``, see :mod:`.format`) -> that
+    """The ``resume`` attribute of a version-5 or 7 file (JSON ``{"step", "from"}``, see :mod:`.format`) -> that
     dict, checked: ``from`` is a loader state of the same dataset and global batch as ``cfg``, and ``step``
     is where :func:`~solar.scheduler.elastic.resume_point` puts its step, inside the job."""
     from ..scheduler import elastic
@@ -123,7 +123,7 @@ def parse_resume(text: str, cfg: PlanConfig, n_samples: int, fingerprint: str) -
 
 
 def parse_nodes(text: str, cfg: PlanConfig, policy: str):
-    """The ``nodes`` attribute of a version-6 file (JSON, see :mod:`.format`) -> ``(NodeMap, PeerCost)``,
+    """The ``nodes`` attribute of a version-6 or 7 file (JSON, see :mod:`.format`) -> ``(NodeMap, PeerCost)``,
     checked: L divides the world size, the policy is a node-pool one."""
     from ..scheduler.nodes import NodeMap, PeerCost
     from ..scheduler.policies import NODE_POLICIES
@@ -136,7 +136,7 @@ def parse_nodes(text: str, cfg: PlanConfig, policy: str):
         raise Damaged(f"attribute nodes has {sorted(doc) if isinstance(doc, dict) else type(doc).__name__}, "
                       f"expected {sorted(keys)}")
     if policy not in NODE_POLICIES:
-        raise Damaged(f"policy {policy!r} of a node plan (version 6) is not a node-pool policy")
+        raise Damaged(f"policy {policy!r} of a node plan (version 6 or 7) is not a node-pool policy")
     try:
         return (NodeMap(cfg.world_size, doc["ranks_per_node"]),
                 PeerCost(doc["network_bytes_per_s"], doc["storage_bytes_per_s"]))

@@ -522,8 +522,8 @@ class Schedule:
 
 
 class NodeRankPlan:
-    """What one rank of a node plan (format version 6) needs: its samples and its node's lists, with the
-    interface :class:`~solar.buffer.NodeBufferManager` takes (a :class:`~solar.scheduler.node_plan.NodePlan`
+    """What one rank of a node plan (format version 6, or 7 when resumed) needs: its samples and its node's lists,
+    with the interface :class:`~solar.buffer.NodeBufferManager` takes (a :class:`~solar.scheduler.node_plan.NodePlan`
     sliced to one rank: ``nodes``, ``policy``, ``steps_per_epoch``, ``n_steps``, :meth:`rank` and
     :meth:`node` for this rank and its node only, :meth:`identity`).
 
