@@ -233,3 +233,20 @@ def test_loader_runs_an_open_ended_node_plan_across_window_edges(comm, well_mpi,
     assert comm.allreduce(sent) == pred["peer_bytes"][-1]
     if one_per_node and P > 1:
         assert sum(pred["peer_bytes"][1:]) > 0  # not vacuous: the windows the ranks planned send blocks
+
+
+def test_solar_plan_inside_a_job_plans_open_ended_and_resumed_node_plans(well_dir, tmp_path):
+    """Node pools by default (``solar plan`` run inside the job it plans for takes its ranks per node) now with
+    ``--epochs auto`` (the default) and ``--resume-from`` too, where it used to fall back to a buffer per rank."""
+    from test_node_pool_default import _plan
+    slurm = {"SLURM_NTASKS": "2", "SLURM_PROCID": "0", "SLURM_NTASKS_PER_NODE": "2"}
+    s, err = _plan(tmp_path, well_dir, slurm, "--window", "2")
+    assert s["nodes"]["ranks_per_node"] == 2 and s["open_ended"] and s["window"] == 2 and s["format_version"] == 6
+    assert "share one buffer" in err
+    with Schedule.load(str(tmp_path / "plan0.h5")) as old:
+        state = {"fingerprint": old.fingerprint, "world_size": 2, "config": dict(old.config.to_dict(), epochs=3),
+                 "policy": old.policy, "step": old.steps_per_epoch + 1, "open_ended": False}
+    from solar.schedule.resume import write_state
+    write_state(str(tmp_path / "state.json"), state)
+    s, err = _plan(tmp_path, well_dir, slurm, "--resume-from", str(tmp_path / "state.json"))
+    assert s["nodes"]["ranks_per_node"] == 2 and s["format_version"] == 7 and s["policy"] == "solar-peer"
