@@ -34,7 +34,7 @@ from test_elastic import old_state, torch_batches
 from test_node_plan import replay_nodes
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(n=st.integers(6, 60), P=st.integers(1, 4), b=st.integers(1, 4), k=st.integers(0, 5), j=st.integers(0, 3),
        E=st.integers(1, 3), seed=st.integers(0, 3), drop_last=st.booleans(), step=st.integers(0, 80),
        spb=st.integers(1, 3), frac=st.floats(0.2, 1.0), policy=st.sampled_from(sorted(NODE_POLICIES)))
