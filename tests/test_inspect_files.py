@@ -331,3 +331,14 @@ def test_random_files_are_described_and_their_guess_loads(items):
                 got = read_sample(layout, s, {0: fh.fileno()})
             assert_same_sample({k: v.astype(v.dtype.newbyteorder("=")) for k, v in got.items()},
                                {k: v.astype(v.dtype.newbyteorder("=")) for k, v in h5py_sample(layout, s).items()})
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (1, 1, 1)])
+def test_a_root_array_of_one_value_is_no_array(tmp_path, shape):
+    """A (1, 1) dataset at the root holds one value, like a (1,) one: refused the same way (hypothesis found
+    the (1, 1) case described as one sample of one value, where (1,) was refused)."""
+    path = str(tmp_path / "one.h5")
+    with h5py.File(path, "w") as f:
+        f.create_dataset("d0", data=np.zeros(shape, "u1"))
+    with pytest.raises(LayoutError, match="holds no array solar can load"):
+        describe_file(path)

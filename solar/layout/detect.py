@@ -54,10 +54,11 @@ def known_spec(f: h5py.File, path: str, root: str, name: str):
 
 
 def _root_array(f: h5py.File, key: str) -> bool:
-    """Whether root member ``key`` is a non-empty numeric dataset with 2+ axes (False if it cannot be read)."""
+    """Whether root member ``key`` is a numeric dataset with 2+ axes and 2+ values (rule 1 of
+    :func:`~solar.layout.guess.why_not_field`: one value is no array; False if it cannot be read)."""
     try:
         v = f[key]
-        return isinstance(v, h5py.Dataset) and v.ndim >= 2 and v.dtype.kind in "biufc" and all(v.shape)
+        return isinstance(v, h5py.Dataset) and v.ndim >= 2 and v.dtype.kind in "biufc" and v.size >= 2
     except H5_ERRORS:
         return False
 
