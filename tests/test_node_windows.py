@@ -27,6 +27,7 @@ from solar.scheduler.nodes import NodeMap
 from solar.scheduler.run import Demand, PlanRun, run_policy
 
 from test_node_plan import check_batches, replay_nodes, windows
+from test_planner_windows import _windows
 
 NODE_OPEN_POLICIES = ["solar-node", "solar-peer", "lru-peer"]  # nopfs-peer looks at every epoch ahead
 
@@ -37,15 +38,6 @@ def key(ep):
             ep.stats.tolist(), *(getattr(ep, n).tolist() for n in (
                 "load", "load_ptr", "evict", "evict_ptr", "stage", "stage_ptr", "xfer_src", "xfer_dst",
                 "xfer_block", "xfer_ptr")))
-
-
-def in_windows(demand, cfg, policy, nodes, sizes):
-    run = PlanRun(demand, cfg, policy, record=True, open_ended=True, nodes=nodes)
-    plans, stop = [], 0
-    for k in sizes:
-        stop += k
-        run.advance(stop, on_epoch=plans.append)
-    return plans
 
 
 cases = st.fixed_dictionaries(dict(
@@ -73,7 +65,7 @@ def test_node_windows_equal_one_call_and_a_longer_fixed_plan(c):
     E = sum(c["sizes"])
     cfg = PlanConfig(P, b, E, budget, c["seed"], c["drop_last"], c["eps"])
     nodes = NodeMap(P, L)
-    windowed = in_windows(d, cfg, c["policy"], nodes, c["sizes"])
+    windowed = _windows(d, cfg, c["policy"], c["sizes"], nodes=nodes)
     one = []
     PlanRun(d, cfg, c["policy"], record=True, open_ended=True, nodes=nodes).advance(E, on_epoch=one.append)
     assert [key(p) for p in windowed] == [key(p) for p in one]

@@ -20,8 +20,9 @@ def _key(ep):
             ep.evict.tolist(), ep.evict_ptr.tolist(), ep.hits.tolist(), ep.miss_bytes.tolist())
 
 
-def _windows(demand, cfg, policy, sizes):
-    run = PlanRun(demand, cfg, policy, record=True, open_ended=True)
+def _windows(demand, cfg, policy, sizes, nodes=None):
+    """The epoch plans of an open-ended run advanced window by window (``sizes``: epochs per window)."""
+    run = PlanRun(demand, cfg, policy, record=True, open_ended=True, nodes=nodes)
     plans, stop = [], 0
     for k in sizes:
         stop += k
