@@ -112,6 +112,28 @@ def test_row_parts():
             assert len(runs) == max(1, min(parts, n)) and max(h - lo for lo, h in runs) - min(h - lo for lo, h in runs) <= 1
 
 
+@pytest.mark.parametrize("which", ["first", "last"])
+def test_a_missing_block_is_raised_from_any_run_after_all_runs_end(resident, monkeypatch, which):
+    """cpus > 1: the calling thread gathers the first run, the workers the others; a block missing from the
+    step is one ValueError whichever run meets it, raised once every run has ended."""
+    import solar.buffer.gather as gather
+    monkeypatch.setattr(gather, "MIN_PART_BYTES", 1)
+    layout, outs = resident("ptychonn", "contiguous")
+    samples = np.arange(min(8, layout.n_samples), dtype=np.int64)
+    sb = _step_blocks(layout, outs, samples, np.random.default_rng(0))
+    gone = int(layout.blocks_of(int(samples[0 if which == "first" else -1]))[0])
+    keep = sb.blocks != gone
+    partial = StepBlocks(0, sb.blocks[keep], sb.block_class[keep], sb.block_slot[keep], sb.pools,
+                         layout.block_nbytes, {})
+    many = BatchAssembler(layout, cpus=4)
+    try:
+        with pytest.raises(ValueError, match=f"block {gone} of field"):
+            many(0, samples, partial)
+        assert many._pool._work_queue.empty()  # no run left behind
+    finally:
+        many.close()
+
+
 def test_assembler_cpus_is_checked(resident):
     layout, _ = resident("ptychonn", "contiguous")
     for bad in (0, -1, 1.5, True, "2"):

@@ -132,9 +132,10 @@ class GatherTables:
         (ValueError otherwise, before that piece is copied).  Values land in the file's byte
         order; :meth:`to_native` converts.
 
-        ``workers`` (an executor with ``map``) and ``parts`` > 1: the samples are split into up to ``parts``
-        runs of rows (:func:`row_parts`), each gathered by one worker into its own rows of ``out``; the
-        kernel holds no GIL, so the runs are copied on as many cores at once.
+        ``workers`` (an executor with ``submit``, ``parts - 1`` threads are enough) and ``parts`` > 1: the
+        samples are split into up to ``parts`` runs of rows (:func:`row_parts`), the first gathered by the
+        calling thread and each other by one worker, into its own rows of ``out``; the kernel holds no GIL,
+        so the runs are copied on as many cores at once.
         """
         lay = self.layout
         samples = np.ascontiguousarray(samples, dtype=np.int64)
@@ -153,9 +154,17 @@ class GatherTables:
                               {k: v[lo:hi] for k, v in out.items()}, classes)
         if len(runs) == 1:
             rows(runs[0])
-        else:
-            for _ in workers.map(rows, runs):  # the first exception of a worker is raised here
-                pass
+            return
+        # the calling thread gathers the first run itself while the workers take the others (one thread
+        # fewer to wake per batch); every run has ended before this returns or raises (they write into out)
+        futures = [workers.submit(rows, r) for r in runs[1:]]
+        try:
+            rows(runs[0])
+        finally:
+            for f in futures:
+                f.exception()  # waits
+        for f in futures:
+            f.result()  # the first worker's exception, if any
 
     def _gather_rows(self, samples, src, local, blocks, block_class, block_slot, pools, out, classes) -> None:
         for c in classes:

@@ -98,10 +98,10 @@ class BatchAssembler:
         return out
 
     def _workers(self):
-        """The assembly threads (made on first use; None with one cpu)."""
+        """The assembly threads beside the calling one (made on first use; None with one cpu)."""
         if self.cpus > 1 and self._pool is None:
             from concurrent.futures import ThreadPoolExecutor
-            self._pool = ThreadPoolExecutor(self.cpus, thread_name_prefix="solar-assemble")
+            self._pool = ThreadPoolExecutor(self.cpus - 1, thread_name_prefix="solar-assemble")
         return self._pool
 
     def close(self) -> None:
