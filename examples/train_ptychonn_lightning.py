@@ -62,7 +62,10 @@ def main(argv=None) -> int:
         def training_step(self, batch, _):
             per = task.losses(self.net, batch, self.device)
             total = sum(per.values())
-            self.log("loss", total.mean(), on_step=False, on_epoch=True, sync_dist=True, batch_size=len(total))
+            # logged detached: the epoch's running mean must not keep this step's autograd graph alive (on an
+            # H200 torch warned of an AccumulateGrad node kept alive across steps)
+            self.log("loss", total.detach().mean(), on_step=False, on_epoch=True, sync_dist=True,
+                     batch_size=len(total))
             return total.mean() * batch["weight"]
 
         def on_train_epoch_end(self):
