@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One prepared check of solar on a GPU machine with no network, in about 5 minutes on 16 cores.
 #
-#   benchmarks/gpu_check.sh OUTDIR [SECTION ...]      (sections: basics, cores, bench, resident; default basics cores)
+#   benchmarks/gpu_check.sh OUTDIR [SECTION ...]      (sections: basics, cores, bench, resident, nodes;
+#                                                          default basics cores)
 #
 # It generates the data, trains the examples on CUDA, runs `solar bench --device cuda` cold, and writes
 # into OUTDIR (what comes back from such a machine: 8 files at most, so few and named):
@@ -23,6 +24,9 @@
 #            and each tier's samples/s to the GPU at f=1.0 and 0.5; device-buffer.json)
 #   bench    the `solar bench` steps of both sections alone (bench-conv, bench-resident): a rerun
 #   resident the all-resident `solar bench` pair alone (bench-resident)
+#   nodes    issue 25: SOLAR_GPU_RANKS (8) ranks on the node, cold, the node pool (the default) against a buffer
+#            per rank (--no-node-pool), on the contiguous file (with every baseline) and on a gzip one
+#            (4 samples a chunk): storage bytes against the file, limit ratio, samples/s (summary.json)
 #
 # What the machine needs: python3 with torch (CUDA), h5py, numba, numpy, mpi4py; the checkout (PYTHONPATH is
 # set here).  MPICH comes as a wheel in .whl/ (GPU machines have mpi4py but no MPI library); make it here with
@@ -229,6 +233,26 @@ cores() {
         --epochs 3 --fractions 1.0 0.5 --device "$DEVICE" --json
 }
 
+# ------------------------------------------------------------------ issue 25: nodes
+# R ranks on this one node (SOLAR_GPU_RANKS, default 8), cold: the contiguous file with every baseline and the
+# default node pool, then solar alone with --no-node-pool; a gzip file of half the samples (4 a chunk), solar
+# alone both ways.  The reports stay in the scratch folder: summary.json keeps their figures (8 files at most
+# come back from the machine)
+nodes() {
+    [ -n "$MPIEXEC" ] || return 0
+    local R=${SOLAR_GPU_RANKS:-8} G=$WORK/ptycho-gzip
+    run gen-gzip 120 "${SOLAR[@]}" gen ptychonn "$G" --samples $(( N / 2 )) --size "$SIZE" --storage gzip \
+        --overwrite --no-progress
+    local bench=("$MPIEXEC" --bind-to none -n "$R" "${SOLAR[@]}" bench --epochs 3 --buffer-fraction 0.5 --cold --json
+                 --no-progress)
+    STDOUT=$WORK/nodes-contiguous-node.json run nodes-contiguous-node 120 "${bench[@]}" "$D" \
+        --baseline-time-limit 15
+    STDOUT=$WORK/nodes-contiguous-rank.json run nodes-contiguous-rank 60 "${bench[@]}" "$D" --only solar \
+        --no-node-pool
+    STDOUT=$WORK/nodes-gzip-node.json run nodes-gzip-node 60 "${bench[@]}" "$G" --only solar
+    STDOUT=$WORK/nodes-gzip-rank.json run nodes-gzip-rank 60 "${bench[@]}" "$G" --only solar --no-node-pool
+}
+
 # the bench steps of both sections alone (a rerun where only they failed)
 bench_only() {
     [ -n "$MPIEXEC" ] || return 0
@@ -244,10 +268,11 @@ for s in $SECTIONS; do
         cores) cores ;;
         bench) bench_only ;;
         resident) bench_resident ;;
-        *) say "unknown section $s (sections: basics cores bench resident)" ;;
+        nodes) nodes ;;
+        *) say "unknown section $s (sections: basics cores bench resident nodes)" ;;
     esac
 done
 
 "$PY" benchmarks/gpu_summary.py "$OUT" --steps "$STEPS" --gpu "$GPU" --device "$DEVICE" \
-    --samples "$N" --size "$SIZE" --batch "$B" --workers "$WORKERS" 2>>"$LOG"
+    --samples "$N" --size "$SIZE" --batch "$B" --workers "$WORKERS" --nodes-dir "$WORK" 2>>"$LOG"
 say "done in $(( $(date +%s) - START ))s; results in $OUT"

@@ -86,6 +86,35 @@ def bench_rows(rep: dict) -> List[dict]:
     return out
 
 
+def node_rows(path: str) -> dict:
+    """What the ``nodes`` section keeps of each of its ``solar bench`` reports (files ``nodes-<data>-<mode>.json``
+    in ``path``): per epoch solar's samples/s, storage bytes (solar's and the OS's), the limit ratio against
+    the best depth, and the best baseline's samples/s and name where baselines ran."""
+    out = {}
+    if not path or not os.path.isdir(path):
+        return out
+    for name in sorted(os.listdir(path)):
+        if not (name.startswith("nodes-") and name.endswith(".json")):
+            continue
+        f = os.path.join(path, name)
+        if not os.path.getsize(f):
+            continue
+        rep = load_report(f)
+        sol = rep.get("solar", {})
+        eps = sol.get("epochs", [])
+        best = rep.get("best_baseline") or [None] * len(eps)
+        out[name[len("nodes-"):-len(".json")]] = dict(
+            ranks=rep.get("world_size"), ranks_per_node=sol.get("ranks_per_node"), policy=sol.get("policy"),
+            file_bytes=rep.get("dataset_file_bytes"),
+            samples_per_s=[e["samples_per_s"] for e in eps], storage_bytes=[e.get("storage_bytes") for e in eps],
+            os_read_bytes=[e.get("os_read_bytes") for e in eps],
+            limit_ratio_best_depth=[e.get("limit_ratio_best_depth") for e in eps],
+            best_baseline=best,
+            best_baseline_samples_per_s=[rep["baselines"][b]["samples_per_s"][i] if b else None
+                                         for i, b in enumerate(best)])
+    return out
+
+
 def fmt(x, spec=".3f") -> str:
     return "-" if x is None else format(x, spec)
 
@@ -138,6 +167,19 @@ def markdown(s: dict) -> str:
             lines.append(f"| {r['buffer_fraction']} | {r['equality']['steps']} ({r['equality']['different']}) | "
                          + ", ".join(f"{x['gbps']:.2f}" for x in r["host"]) + " | "
                          + ", ".join(f"{x['gbps']:.2f}" for x in r["device"]) + " |")
+    if s.get("nodes"):
+        lines += ["", "`mpiexec --bind-to none -n R solar bench --cold` on one node (section nodes; node: the default "
+                      "node pool, rank: --no-node-pool), per epoch:", "",
+                  "| data, mode | solar samples/s | storage / file | limit ratio (best depth) | best baseline |",
+                  "|---|---|---|---|---|"]
+        for k, r in s["nodes"].items():
+            fb = r["file_bytes"] or 1
+            base = ", ".join("-" if b is None else f"{b} {x:.0f}"
+                             for b, x in zip(r["best_baseline"], r["best_baseline_samples_per_s"]))
+            lines.append(f"| {k} (R={r['ranks']}, {r['policy'] or 'solar'}) | "
+                         + ", ".join(f"{x:.0f}" for x in r["samples_per_s"]) + " | "
+                         + ", ".join(f"{(x or 0) / fb:.2f}" for x in r["storage_bytes"]) + " | "
+                         + ", ".join(fmt(x, ".2f") for x in r["limit_ratio_best_depth"]) + f" | {base} |")
     if s["bench"]:
         b = s["bench"]
         lines += ["", f"`solar bench --device {m['device']} --model conv` cold ({b['cache']}):", "",
@@ -155,6 +197,7 @@ def main(argv=None) -> int:
     p.add_argument("--steps", help="steps.tsv of gpu_check.sh")
     p.add_argument("--gpu", default="none")
     p.add_argument("--device", default="cuda")
+    p.add_argument("--nodes-dir", help="folder of the nodes section's bench reports (nodes-*.json)")
     for k in ("samples", "size", "batch", "workers"):
         p.add_argument(f"--{k}", type=int, default=0)
     a = p.parse_args(argv)
@@ -174,6 +217,7 @@ def main(argv=None) -> int:
     res = os.path.join(a.outdir, "bench-resident.json")
     if os.path.exists(res) and os.path.getsize(res):
         s["bench_resident"] = {tier: bench_rows(rep) for tier, rep in load_report(res).items()}
+    s["nodes"] = node_rows(a.nodes_dir)
     dbp = os.path.join(a.outdir, "device-buffer.json")
     if os.path.exists(dbp) and os.path.getsize(dbp):
         s["device_buffer"] = load_report(dbp)
