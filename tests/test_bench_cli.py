@@ -48,6 +48,7 @@ def _check_keys(rep: dict, n_epochs: int):
                 assert lr == pytest.approx(ep["storage_bytes"] / (ep["replay_gbps"] * 1e9) / reads_s(ep))
             else:  # nothing read (all resident): nothing to replay
                 assert ep["replay_gbps"] is None and lr is None
+    assert rep["solar"]["warmup_s"] > 0  # the kernels' first calls made before any timer
     eps = rep["solar"]["epochs"]  # start-up timed apart (SolarLoader.prepare), counted in epoch 0's samples/s
     assert eps[0]["startup_s"] == rep["solar"]["startup_s"] > 0 and all(ep["startup_s"] == 0 for ep in eps[1:])
     assert all(0 < reads_s(ep) <= ep["seconds"] for ep in eps)

@@ -107,22 +107,32 @@ def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float
     ``gpu_wait_fraction``).  Without it, ``step_time`` seconds of sleep per step.  ``progress``: a tqdm bar per
     epoch (rank 0); ``log``: called with one line after each epoch (where it is given: the CLI's rank 0).
     ``loader_options``: more SolarLoader arguments (``cpus``, ``buffer_device``: with a device buffer the
-    batches are gathered there, not copied)."""
+    batches are gathered there, not copied).  Before any timer a throwaway loader of the same plan takes one
+    step, so that numba's first calls of the reader's and the gather's kernels (a compilation where its cache
+    is cold) are in no epoch; its seconds are ``warmup_s`` (the caller drops the page cache before each
+    epoch where it measures cold)."""
     from ..loader import SolarLoader
     from ..mpi import sleep_barrier
     from .cache import largest_left
     from .baseline import _verify
     from .consume import epoch_au
     from .limits import os_read_bytes
-    rss0 = rss_bytes()
     opts = dict(loader_options or {})
     cuda = consume is not None and consume.cfg.cuda and opts.get("buffer_device") is None
+    # numba compiles (or loads from its cache) the reader's and the gather's kernels at their first call: a
+    # throwaway loader takes one step first, so that no epoch's timer holds that one-off cost (1-2 s cold)
+    warm0 = time.perf_counter()
+    with SolarLoader(schedule_path, layout, comm=comm, reader=reader, threads=threads, prefetch=prefetch,
+                     as_torch=True, abort_on_error=abort_on_error, reader_options=reader_options, **opts) as warm:
+        next(iter(warm), None)
+    warmup = comm.allreduce(time.perf_counter() - warm0, op=_max())
+    rss0 = rss_bytes()
     loader = SolarLoader(schedule_path, layout, comm=comm, reader=reader, threads=threads, prefetch=prefetch,
                          as_torch=True, epoch_fence=True, abort_on_error=abort_on_error, reader_options=reader_options,
                          pin_memory=cuda, device=consume.device if cuda else None, **opts)
     gpu_buffer = loader.buffer_device if loader.buffer_device is not None and loader.buffer_device.type == "cuda" \
         else None
-    out = {"reader": loader.reader_name, "reader_options": dict(reader_options or {}), "epochs": [],
+    out = {"reader": loader.reader_name, "reader_options": dict(reader_options or {}), "epochs": [], "warmup_s": warmup,
            "cpus": loader.cpus, "buffer_device": None if loader.buffer_device is None else str(loader.buffer_device)}
     nodes = loader.nodes is not None  # a node plan: transfers between nodes are counted too
     tracer = loader.reader if replay and hasattr(loader.reader, "trace") else None
