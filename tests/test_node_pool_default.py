@@ -108,3 +108,9 @@ def test_solar_plan_in_an_sbatch_script_plans_node_buffers(tmp_path, data):
     assert s["nodes"] is None and err == ""
     s, err = _plan(tmp_path, data, {}, "--epochs", "2")  # outside a job: as before
     assert s["nodes"] is None and err == ""
+
+
+def test_solar_plan_under_torchrun_says_what_a_node_plan_would_read(tmp_path, data):
+    s, err = _plan(tmp_path, data, {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_WORLD_SIZE": "2"}, "--epochs", "2")
+    assert s["nodes"] is None and "needs MPI" in err
+    assert "with a buffer per rank" in err and "as a node plan" in err

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from .argtypes import byte_size, epoch_count, epsilon, fraction, non_negative_int, positive_int
@@ -118,7 +119,7 @@ def run(args) -> int:
     elif args.window is not None or epochs == "auto":
         raise SpecError("--resume-from plans a fixed number of epochs: give --epochs N (the job's total), not "
                         "--epochs auto or --window")
-    L, note = _ranks_per_node(args)
+    L, found, note = _ranks_per_node(args)
     if note and L is not None:
         note += "; --no-node-pool for a buffer per rank"
     cost = None
@@ -129,14 +130,23 @@ def run(args) -> int:
                         DEFAULT_STORAGE_BPS if args.storage_bandwidth is None else args.storage_bandwidth)
     if args.buffer_per_rank is None and args.buffer_fraction is None and args.device_buffer is None:
         raise SpecError("give the buffer: --buffer-per-rank, --buffer-fraction or --device-buffer")
-    s = plan(args.spec, world_size=args.world_size, local_batch=args.local_batch, epochs=epochs,
-             buffer_per_rank=args.buffer_per_rank, buffer_fraction=args.buffer_fraction, seed=args.seed,
-             drop_last=args.drop_last, epsilon=args.epsilon, policy=args.policy, out=args.output,
-             progress=sys.stderr.isatty(), split=args.split, fields=args.fields, window=args.window,
-             resume_from=args.resume_from, ranks_per_node=L, peer_cost=cost,
-             device_buffer=args.device_buffer)
+    kw = dict(world_size=args.world_size, local_batch=args.local_batch, epochs=epochs,
+              buffer_per_rank=args.buffer_per_rank, buffer_fraction=args.buffer_fraction, seed=args.seed,
+              drop_last=args.drop_last, epsilon=args.epsilon, split=args.split, fields=args.fields,
+              window=args.window, resume_from=args.resume_from)
+    s = plan(args.spec, policy=args.policy, out=args.output, progress=sys.stderr.isatty(), ranks_per_node=L,
+             peer_cost=cost, device_buffer=args.device_buffer, **kw)
     summary = s.summary()
     s.close()
+    if L is None and found > 1 and note:  # what the node plan MPI would carry would read instead
+        import tempfile
+
+        from ..layout.summary import human_bytes
+        with tempfile.TemporaryDirectory(prefix="solar-plan-") as tmp:
+            with plan(args.spec, out=os.path.join(tmp, "node.h5"), ranks_per_node=found, **kw) as node:
+                theirs = sum(node.predicted()["storage_bytes"])
+        note += (f"; predicted storage reads over the planned epochs: {human_bytes(sum(summary['storage_bytes']))} "
+                 f"with a buffer per rank, {human_bytes(theirs)} as a node plan")
     if note:
         print(f"solar plan: {note}", file=sys.stderr)
     print(json.dumps(summary, indent=2) if args.json else format_schedule(summary))
@@ -144,16 +154,16 @@ def run(args) -> int:
 
 
 def _ranks_per_node(args) -> tuple:
-    """``(ranks_per_node or None, a line or None)``: ``--ranks-per-node`` as given; else, run inside the job
-    it plans for (its launcher's variables) and without ``--no-node-pool``, that job's ranks per node
-    (:func:`solar.topology.job_ranks_per_node`), where the plan can be a node plan."""
+    """``(ranks_per_node or None, the job's ranks per node, a line or None)``: ``--ranks-per-node`` as given;
+    else, run inside the job it plans for (its launcher's variables) and without ``--no-node-pool``, that
+    job's ranks per node (:func:`solar.topology.job_ranks_per_node`), where the plan can be a node plan."""
     if args.ranks_per_node is not None:
         if not args.node_pool:
             raise SpecError("--ranks-per-node plans node buffers and --no-node-pool one buffer per rank: give one")
-        return args.ranks_per_node, None
-    if not args.node_pool:
-        return None, None
-    if args.device_buffer is not None:
-        return None, None  # a GPU tier is per rank
+        return args.ranks_per_node, args.ranks_per_node, None
+    if not args.node_pool or args.device_buffer is not None:  # (a GPU tier is per rank)
+        return None, 1, None
     from ..topology import detect, job_ranks_per_node
-    return job_ranks_per_node(detect(), args.world_size)
+    job = detect()
+    L, note = job_ranks_per_node(job, args.world_size)
+    return L, job.local_size if note else 1, note
