@@ -276,8 +276,8 @@ def test_copy_runs_equals_a_copy_per_run(runs, pad):
 def test_a_device_buffers_resume_stages_its_reads_in_parts(tmp_path, monkeypatch):
     """The warm-up of a resumed device buffer reads the resident blocks in parts of bounded host staging (all at
     once it would pin as much host memory as the GPU buffer holds), and the batches are the same."""
-    import solar.buffer.manager as manager
-    monkeypatch.setattr(manager, "WARMUP_STAGING", 4096)  # a few blocks a part
+    import solar.buffer.rank_place as rank_place
+    monkeypatch.setattr(rank_place, "WARMUP_STAGING", 4096)  # a few blocks a part
     staged = []
     orig = DevicePools.stage
 

@@ -121,7 +121,7 @@ class DevicePools(SlotPools):
     # ------------------------------------------------------------- out
     def gather(self, tables, samples: np.ndarray, lookup, n: int, shapes: dict, dtypes: dict) -> DeviceBatch:
         """The batch of ``samples`` (``n`` of them) from the step's blocks (``lookup``: a
-        :class:`~solar.buffer.manager.StepBlocks`), gathered on the device: ``{field: tensor (n, *shape)}``."""
+        :class:`~solar.buffer.steps.StepBlocks`), gathered on the device: ``{field: tensor (n, *shape)}``."""
         import torch
         blocks, bclass, bslot = lookup.blocks, lookup.block_class, lookup.block_slot
         arrays, class_bytes = self.arrays, self.class_bytes
