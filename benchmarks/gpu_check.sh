@@ -162,6 +162,16 @@ D=$WORK/ptycho
 V=$WORK/ptycho-valid
 run gen 120 "${SOLAR[@]}" gen ptychonn "$D" --samples "$N" --size "$SIZE" --overwrite --no-progress
 run gen-valid 30 "${SOLAR[@]}" gen ptychonn "$V" --samples 256 --size "$SIZE" --seed 1 --overwrite --no-progress
+# numba's cache ($NUMBA_CACHE_DIR, new here) filled once, by one step of a loader on the held-out file and on a
+# gzip file of a few samples: otherwise every first run below compiles the kernels in its epoch 0 (1.6-1.9 s)
+run gen-warm 30 "${SOLAR[@]}" gen ptychonn "$WORK/warm-gzip" --samples 64 --size "$SIZE" --storage gzip --overwrite \
+    --no-progress
+run warm-kernels 120 "$PY" -c "import sys, solar
+from solar.loader import SolarLoader
+for data in sys.argv[1:]:
+    solar.plan(data, world_size=1, local_batch=4, epochs=1, buffer_fraction=0.5, out=data + '-warm.h5').close()
+    with SolarLoader(data + '-warm.h5', data) as loader:
+        next(iter(loader))" "$V" "$WORK/warm-gzip"
 
 TRAIN=(examples/train_ptychonn.py "$D" --stats-samples 512 --valid "$V" --valid-samples 256 "${CPU_FLAG[@]}")
 
