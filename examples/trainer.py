@@ -467,20 +467,6 @@ def node_pool_choice(g: Group, env=None) -> Tuple[Optional[int], int, Optional[s
                   f"MPI (launch with mpiexec or srun, with mpi4py)")
 
 
-def node_plan_storage(args, layout, g: Group, L: int) -> int:
-    """What a node plan of ``L`` ranks per node would read from storage against the per-rank plan just made
-    (predicted, over the job), planned in a temporary file."""
-    import tempfile
-
-    import solar
-    with tempfile.TemporaryDirectory(prefix="solar-node-") as tmp:
-        kw = dict(world_size=g.size, local_batch=args.local_batch or 32, epochs=args.epochs or 5,
-                  buffer_fraction=args.buffer_fraction, seed=args.seed)
-        with solar.plan(layout, ranks_per_node=L, out=os.path.join(tmp, "node.h5"), **kw) as s:
-            node = sum(s.predicted()["storage_bytes"])
-    return node
-
-
 def ensure_plan(args, g: Group) -> str:
     """The schedule file this job runs on, planned on rank 0 when missing or stale.  Without
     ``--ranks-per-node``, :func:`node_pool_choice` decides between a node plan and per-rank buffers for a new
@@ -519,9 +505,13 @@ def ensure_plan(args, g: Group) -> str:
             line = note
             if L is None and found > 1:  # what a node plan (MPI) would have saved
                 from solar.layout.summary import human_bytes
-                node = node_plan_storage(args, layout, g, found)
-                line += (f"; predicted storage reads: {human_bytes(mine)} per-rank, {human_bytes(node)} as a node "
-                         f"plan")
+                from solar.schedule.make import predicted_storage
+                node = predicted_storage(layout, world_size=g.size, local_batch=args.local_batch or 32,
+                                         epochs=args.epochs or 5, buffer_fraction=args.buffer_fraction, seed=args.seed,
+                                         ranks_per_node=found)
+                if node is not None:
+                    line += (f"; predicted storage reads: {human_bytes(mine)} per-rank, {human_bytes(node)} as a "
+                             f"node plan")
             if line:
                 print(f"solar: {line}", flush=True)
         return path

@@ -114,3 +114,14 @@ def test_solar_plan_under_torchrun_says_what_a_node_plan_would_read(tmp_path, da
     s, err = _plan(tmp_path, data, {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_WORLD_SIZE": "2"}, "--epochs", "2")
     assert s["nodes"] is None and "needs MPI" in err
     assert "with a buffer per rank" in err and "as a node plan" in err
+
+
+def test_predicted_storage_is_a_plan_s_reads_or_none(tmp_path, data):
+    """What plan and the examples print for the other choice: the prediction of a plan made aside, or None
+    (nothing said) where that plan cannot be made, never an error after the user's own plan succeeded."""
+    from solar.schedule import plan
+    from solar.schedule.make import predicted_storage
+    kw = dict(world_size=2, local_batch=4, epochs=2, buffer_fraction=0.5)
+    with plan(data, out=str(tmp_path / "p.h5"), ranks_per_node=2, **kw) as s:
+        assert predicted_storage(data, ranks_per_node=2, **kw) == sum(s.predicted()["storage_bytes"])
+    assert predicted_storage(data, ranks_per_node=2, **dict(kw, buffer_fraction=1e-6)) is None

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 from .argtypes import byte_size, epoch_count, epsilon, fraction, non_negative_int, positive_int
@@ -139,14 +138,13 @@ def run(args) -> int:
     summary = s.summary()
     s.close()
     if L is None and found > 1 and note:  # what the node plan MPI would carry would read instead
-        import tempfile
-
         from ..layout.summary import human_bytes
-        with tempfile.TemporaryDirectory(prefix="solar-plan-") as tmp:
-            with plan(args.spec, out=os.path.join(tmp, "node.h5"), ranks_per_node=found, **kw) as node:
-                theirs = sum(node.predicted()["storage_bytes"])
-        note += (f"; predicted storage reads over the planned epochs: {human_bytes(sum(summary['storage_bytes']))} "
-                 f"with a buffer per rank, {human_bytes(theirs)} as a node plan")
+        from ..schedule.make import predicted_storage
+        theirs = predicted_storage(args.spec, ranks_per_node=found, **kw)
+        if theirs is not None:
+            note += (f"; predicted storage reads over the planned epochs: "
+                     f"{human_bytes(sum(summary['storage_bytes']))} with a buffer per rank, {human_bytes(theirs)} "
+                     f"as a node plan")
     if note:
         print(f"solar plan: {note}", file=sys.stderr)
     print(json.dumps(summary, indent=2) if args.json else format_schedule(summary))

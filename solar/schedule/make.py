@@ -137,6 +137,21 @@ def plan(data: Union[str, "Demand", object], *, world_size: int, local_batch: Op
     return _write(w, out, lambda: run.advance(cfg.epochs, on_epoch=w.add_epoch, progress=progress))
 
 
+def predicted_storage(data, **kw) -> Optional[int]:
+    """Bytes a plan of ``data`` with :func:`plan`'s arguments ``kw`` would read from storage over its planned
+    epochs (planned into a temporary file, then dropped); None where it cannot be planned (a SolarError).
+    What a command that planned one way says the other way would read."""
+    import tempfile
+
+    from ..errors import SolarError
+    with tempfile.TemporaryDirectory(prefix="solar-plan-") as tmp:
+        try:
+            with plan(data, out=os.path.join(tmp, "plan.h5"), **kw) as s:
+                return int(sum(s.predicted()["storage_bytes"]))
+        except SolarError:
+            return None
+
+
 def _device_budget(device_buffer, buffer_per_rank, buffer_fraction, ranks_per_node, resume_from):
     """``(device budget bytes, host budget bytes or None)`` of ``plan(device_buffer=...)``; SpecError for what
     it cannot be combined with."""
