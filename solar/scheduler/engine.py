@@ -20,9 +20,8 @@ from __future__ import annotations
 
 import numba as nb
 
-from .kernel import INF, ROUTED, scratch
-from .routing import assign_step, group_by_buffer
-from .steps import buffer_step
+from .kernel import INF
+from .steps import run_steps
 
 
 @nb.njit(cache=True, nogil=True)  # background window planning (open-ended) runs beside training
@@ -38,15 +37,7 @@ def run_epoch(job, ep, buf, out):
     until its misses fit, loads them, and refreshes the priorities of what it used
     (:func:`.steps.buffer_step`).
     """
-    sc = scratch(job)
-    due = buf.due
-    for k in range(ep.first_step, job.bounds.shape[0] - 1):
-        assign_step(k, job, ep, buf, out, sc)
-        group_by_buffer(k, job, out, sc)
-        if not buffer_step(k, False, job, ep, buf, out, sc):
-            return
-        if job.mode == ROUTED:
-            due[(ep.step0 + k) % due.shape[0], :] = 0
+    run_steps(False, job, ep, buf, out)
 
 
 @nb.njit(cache=True, nogil=True)

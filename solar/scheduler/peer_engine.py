@@ -26,9 +26,8 @@ from __future__ import annotations
 
 import numba as nb
 
-from .kernel import INF, ROUTED, scratch
-from .routing import assign_step, group_by_buffer
-from .steps import buffer_step
+from .kernel import INF
+from .steps import run_steps
 
 
 @nb.njit(cache=True, nogil=True)
@@ -49,15 +48,7 @@ def run_epoch_peer(job, ep, buf, out):
     out.err             on failure: (status, step, node, 0); a pool never fails for want of room: what
                         does not fit is staged
     """
-    sc = scratch(job)
-    due = buf.due
-    for k in range(ep.first_step, job.bounds.shape[0] - 1):
-        assign_step(k, job, ep, buf, out, sc)
-        group_by_buffer(k, job, out, sc)
-        if not buffer_step(k, True, job, ep, buf, out, sc):
-            return
-        if job.mode == ROUTED:
-            due[(ep.step0 + k) % due.shape[0], :] = 0
+    run_steps(True, job, ep, buf, out)
 
 
 @nb.njit(cache=True, nogil=True)

@@ -19,7 +19,8 @@ from numba import literally
 
 from .kernel import (BELADY, FRESH, HEAP_FULL, HIT, HIT_BYTES, HITS, INF, LOAD, LRU, MISS, MISS_BYTES, N_EVICT,
                      N_LOAD, N_STAGE, N_XFER, OUT_FULL, PEER, PEER_BYTES, RECV, ROUTED, STAGED, STAGED_BYTES, STORED,
-                     TABLE_FULL, TOMB, TOO_SMALL)
+                     TABLE_FULL, TOMB, TOO_SMALL, scratch)
+from .routing import assign_step, group_by_buffer
 from .table import heap_pop, heap_push, heap_push_room, ht_find, ht_insert
 
 
@@ -271,3 +272,21 @@ def buffer_step(k, peer, job, ep, buf, out, sc):
                 err[2] = q
                 return False
     return True
+
+
+@nb.njit(cache=True, nogil=True)
+def run_steps(peer, job, ep, buf, out):
+    """The steps ``ep.first_step .. S-1`` of one epoch, the loop both kernels run: each step's positions get
+    buffers (:func:`.routing.assign_step`), grouped by buffer, then the buffers run (:func:`buffer_step`);
+    ROUTED clears the step's ``due`` row after it.  ``peer`` a compile-time constant, as in
+    :func:`buffer_step`.  Stops at the first failure (``out.err``)."""
+    peer = literally(peer)
+    sc = scratch(job)
+    due = buf.due
+    for k in range(ep.first_step, job.bounds.shape[0] - 1):
+        assign_step(k, job, ep, buf, out, sc)
+        group_by_buffer(k, job, out, sc)
+        if not buffer_step(k, peer, job, ep, buf, out, sc):
+            return
+        if job.mode == ROUTED:
+            due[(ep.step0 + k) % due.shape[0], :] = 0
