@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from solar.errors import SpecError
 from solar.scheduler.config import PlanConfig
-from solar.scheduler.engine import ROUTED
+from solar.scheduler.kernel import ROUTED
 from solar.scheduler.node_plan import NODE_STATS, plan_nodes
 from solar.scheduler.nodes import NodeMap, PeerCost, split_to_ranks
 from solar.scheduler.policies import NODE_POLICIES, get_policy
