@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # One prepared check of solar on a GPU machine with no network, in about 5 minutes on 16 cores.
 #
-#   benchmarks/gpu_check.sh OUTDIR [SECTION ...]      (sections: basics, cores, bench, resident, nodes;
+#   benchmarks/gpu_check.sh OUTDIR [SECTION ...]      (sections: basics, cores, bench, conv, resident, nodes;
 #                                                          default basics cores)
 #
 # It generates the data, trains the examples on CUDA, runs `solar bench --device cuda` cold, and writes
 # into OUTDIR (what comes back from such a machine: 8 files at most, so few and named):
 #   summary.md    the short table (also printed at the end), the GPU and the commands
 #   summary.json  every figure of the summary
-#   bench-*.json  `solar bench --json` reports (bench-conv, bench-resident)
+#   bench-*.json  `solar bench --json` reports (bench-conv, bench-resident); nodes.json those of section nodes
 #   hit-path.json, device-buffer.json   the cores section's benchmarks
 #   check.log     every step's command, output, exit status and seconds
 #   train.jsonl   the examples' --log-json records, each tagged with its run
@@ -23,6 +23,7 @@
 #            device buffer tier against the host buffer (benchmarks/device_buffer_check.py: the same batches,
 #            and each tier's samples/s to the GPU at f=1.0 and 0.5; device-buffer.json)
 #   bench    the `solar bench` steps of both sections alone (bench-conv, bench-resident): a rerun
+#   conv     the cold `solar bench --device cuda --model conv` of basics alone (bench-conv)
 #   resident the all-resident `solar bench` pair alone (bench-resident)
 #   nodes    issue 25: SOLAR_GPU_RANKS (8) ranks on the node, cold, the node pool (the default) against a buffer
 #            per rank (--no-node-pool), on the contiguous file (with every baseline) and on a gzip one
@@ -246,8 +247,8 @@ cores() {
 # ------------------------------------------------------------------ issue 25: nodes
 # R ranks on this one node (SOLAR_GPU_RANKS, default 8), cold: the contiguous file with every baseline and the
 # default node pool, then solar alone with --no-node-pool; a gzip file of half the samples (4 a chunk), solar
-# alone both ways.  The reports stay in the scratch folder: summary.json keeps their figures (8 files at most
-# come back from the machine)
+# alone both ways.  The four reports go into one file, nodes.json (8 files at most come back from the machine);
+# summary.json keeps their figures
 nodes() {
     [ -n "$MPIEXEC" ] || return 0
     local R=${SOLAR_GPU_RANKS:-8} G=$WORK/ptycho-gzip
@@ -261,25 +262,36 @@ nodes() {
         --no-node-pool
     STDOUT=$WORK/nodes-gzip-node.json run nodes-gzip-node 60 "${bench[@]}" "$G" --only solar
     STDOUT=$WORK/nodes-gzip-rank.json run nodes-gzip-rank 60 "${bench[@]}" "$G" --only solar --no-node-pool
+    # the four reports in one file (nodes.json: {"contiguous-node": report, ...})
+    "$PY" -c "import json, os, sys
+out = {}
+for k in ('contiguous-node', 'contiguous-rank', 'gzip-node', 'gzip-rank'):
+    p = os.path.join(sys.argv[1], 'nodes-' + k + '.json')
+    if os.path.exists(p) and os.path.getsize(p):
+        try:
+            out[k] = json.JSONDecoder().raw_decode(open(p).read().lstrip())[0]
+        except ValueError:
+            pass
+json.dump(out, open(sys.argv[2], 'w'), indent=1)" "$WORK" "$OUT/nodes.json"
 }
 
-# the bench steps of both sections alone (a rerun where only they failed)
-bench_only() {
+# the cold `solar bench --model conv` of section basics alone
+bench_conv() {
     [ -n "$MPIEXEC" ] || return 0
     STDOUT=$OUT/bench-conv.json run bench-conv 150 "$MPIEXEC" --bind-to none -n 1 "${SOLAR[@]}" bench "$D" -b "$B" --epochs 3 \
         --device "$DEVICE" --model conv --num-workers "$WORKERS" --cold \
         --baseline-time-limit 20 --schedule "$WORK/bench-plan.h5" --json
-    bench_resident
 }
 
 for s in $SECTIONS; do
     case $s in
         basics) basics ;;
         cores) cores ;;
-        bench) bench_only ;;
+        bench) bench_conv; bench_resident ;;
+        conv) bench_conv ;;
         resident) bench_resident ;;
         nodes) nodes ;;
-        *) say "unknown section $s (sections: basics cores bench resident nodes)" ;;
+        *) say "unknown section $s (sections: basics cores bench conv resident nodes)" ;;
     esac
 done
 
