@@ -226,10 +226,12 @@ bench_resident() {
             --epochs 3 --buffer-fraction 1.0 --device "$DEVICE" --model conv --only solar --cold \
             --buffer-device "$DEVICE" --schedule "$WORK/bench-resident-plan.h5" --json
         "$PY" -c "import json, os, sys
+sys.path.insert(0, 'benchmarks')
+from gpu_summary import parse_report
 out = {}
 for k, p in (('host', sys.argv[1]), ('device', sys.argv[2])):
     if os.path.exists(p) and os.path.getsize(p):
-        out[k] = json.JSONDecoder().raw_decode(open(p).read().lstrip())[0]  # not what mpiexec may append
+        out[k] = parse_report(open(p).read())  # not the escape sequences mpiexec may add
 json.dump(out, open(sys.argv[3], 'w'), indent=1)" "$WORK/br-host.json" "$WORK/br-device.json" "$OUT/bench-resident.json"
     fi
 }
@@ -262,16 +264,20 @@ nodes() {
         --no-node-pool
     STDOUT=$WORK/nodes-gzip-node.json run nodes-gzip-node 60 "${bench[@]}" "$G" --only solar
     STDOUT=$WORK/nodes-gzip-rank.json run nodes-gzip-rank 60 "${bench[@]}" "$G" --only solar --no-node-pool
-    # the four reports in one file (nodes.json: {"contiguous-node": report, ...})
+    # the four reports in one file (nodes.json: {"contiguous-node": report, ...}; a command's output that is no
+    # report is kept as {"raw": its text})
     "$PY" -c "import json, os, sys
+sys.path.insert(0, 'benchmarks')
+from gpu_summary import parse_report
 out = {}
 for k in ('contiguous-node', 'contiguous-rank', 'gzip-node', 'gzip-rank'):
     p = os.path.join(sys.argv[1], 'nodes-' + k + '.json')
     if os.path.exists(p) and os.path.getsize(p):
+        text = open(p, errors='replace').read()
         try:
-            out[k] = json.JSONDecoder().raw_decode(open(p).read().lstrip())[0]
+            out[k] = parse_report(text)
         except ValueError:
-            pass
+            out[k] = {'raw': text}
 json.dump(out, open(sys.argv[2], 'w'), indent=1)" "$WORK" "$OUT/nodes.json"
 }
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from collections import defaultdict
 from typing import Dict, List, Optional
@@ -17,11 +18,23 @@ from typing import Dict, List, Optional
 RESIDENT_TARGET = 0.8
 
 
+#: terminal escape sequences: an Open MPI ``mpiexec`` writes one (``ESC[0m``) with each rank's forwarded output,
+#: so before rank 0's report where other ranks finish first
+ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def parse_report(text: str):
+    """The first JSON document in ``text``, escape sequences and whatever comes before its ``{`` left out."""
+    text = ESCAPE.sub("", text)
+    start = text.find("{")
+    if start < 0:
+        raise ValueError("no JSON document in the output")
+    return json.JSONDecoder().raw_decode(text[start:])[0]
+
+
 def load_report(path: str):
-    """The JSON document a command printed first in ``path``: what comes after it (an escape sequence that an
-    Open MPI ``mpiexec`` appends to the output it forwards, say) is left out."""
-    text = open(path).read()
-    return json.JSONDecoder().raw_decode(text.lstrip())[0]
+    """The JSON document a command printed first in ``path`` (see ``parse_report``)."""
+    return parse_report(open(path).read())
 
 
 def read_steps(path: Optional[str]) -> List[dict]:
@@ -99,7 +112,11 @@ def node_rows(path: str) -> dict:
         f = os.path.join(path, name)
         if not os.path.getsize(f):
             continue
-        rep = load_report(f)
+        try:
+            rep = load_report(f)
+        except ValueError as e:
+            print(f"gpu_summary: {name}: {e}", file=sys.stderr)
+            continue
         sol = rep.get("solar", {})
         eps = sol.get("epochs", [])
         best = rep.get("best_baseline") or [None] * len(eps)
