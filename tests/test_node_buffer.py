@@ -24,7 +24,8 @@ from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 from conftest import on_root
 from helpers import h5py_sample, make_dataset
 from solar.buffer.node_manager import NodeBufferManager, PeerFailed
-from solar.buffer.node_pools import NodeBufferError, READ_SPLITS, assign_slots, get_read_split, split_spread
+from solar.buffer.node_pools import (NodeBufferError, READ_SPLITS, assign_slots, get_read_split, owners_need,
+                                     split_spread)
 from solar.io import get_reader
 from solar.io.reader import ReadStats
 from solar.layout import load_layout
@@ -125,20 +126,48 @@ def test_staging_lists_hold_each_step_for_one_step():
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.integers(0, 1000), max_size=40), st.integers(1, 6))
-def test_read_splits_cover_every_read_once_balanced(stored, L):
+def test_spread_split_covers_every_read_once_balanced(stored, L):
     stored = np.array(stored, np.int64)
-    for name, fn in READ_SPLITS.items():
-        ptr = fn(stored, L)
-        assert ptr.shape == (L + 1,) and ptr[0] == 0 and ptr[-1] == stored.shape[0] and (np.diff(ptr) >= 0).all()
     ptr = split_spread(stored, L)
+    assert ptr.shape == (L + 1,) and ptr[0] == 0 and ptr[-1] == stored.shape[0] and (np.diff(ptr) >= 0).all()
     parts = np.array([stored[ptr[j]:ptr[j + 1]].sum() for j in range(L)])
     most = int(stored.max()) if stored.size else 0
     assert (parts <= stored.sum() / L + most).all()  # no rank reads more than its share and one block
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.data(), st.integers(1, 6))
+def test_read_splits_give_each_read_one_rank(data, L):
+    k = data.draw(st.integers(0, 30))
+    blocks = np.unique(np.array(data.draw(st.lists(st.integers(0, 99), min_size=k, max_size=k)), np.int64))
+    stored = np.array(data.draw(st.lists(st.integers(0, 1000), min_size=blocks.size, max_size=blocks.size)),
+                      np.int64)
+    # each rank needs some of the step's blocks (and maybe others, not read at this step)
+    needs = [np.unique(np.array(data.draw(st.lists(st.integers(0, 120), max_size=12)), np.int64))
+             for _ in range(L)]
+    for name, fn in READ_SPLITS.items():
+        owner = fn(blocks, stored, needs, L)
+        assert owner.shape == blocks.shape and ((owner >= 0) & (owner < L)).all(), name
+        assert np.array_equal(owner, fn(blocks, stored, needs, L)), name  # pure: every rank computes the same
+    owner = READ_SPLITS["need"](blocks, stored, needs, L)
+    uses = np.array([np.isin(blocks, n) for n in needs]).reshape(L, blocks.size)
+    for i in range(blocks.size):
+        if uses[:, i].any():  # read by a rank that uses it: one that needs it alone reads it
+            assert uses[owner[i], i]
+    assert READ_SPLITS["leader"](blocks, stored, needs, L).sum() == 0
+
+
+def test_need_split_balances_shared_blocks():
+    # blocks 1..4 used by both ranks, 0 by rank 0 alone, 9 by none: the shared ones go to the less loaded
+    blocks = np.array([0, 1, 2, 3, 4, 9])
+    stored = np.array([300, 100, 100, 100, 100, 50])
+    owner = owners_need(blocks, stored, [np.array([0, 1, 2, 3, 4]), np.array([1, 2, 3, 4])], 2)
+    assert owner.tolist() == [0, 1, 1, 1, 0, 1]
+
+
 def test_read_split_registry_lists_the_valid_names():
     assert get_read_split("leader") is READ_SPLITS["leader"]
-    with pytest.raises(NodeBufferError, match="unknown read split 'all'; valid: spread, leader"):
+    with pytest.raises(NodeBufferError, match="unknown read split 'all'; valid: need, spread, leader"):
         get_read_split("all")
 
 
@@ -404,7 +433,7 @@ def test_bad_arguments_are_refused_in_one_line(tmp_path):
     plan, _ = plan_nodes(d, cfg, NodeMap(1, 1), "solar-node")
     reader = PatternReader(d.block_nbytes, d.block_stored, 0)
     args = (plan, 0, demand_dict(d), reader, lambda g, s, lk: s)
-    with pytest.raises(NodeBufferError, match="unknown read split 'rr'; valid: spread, leader"):
+    with pytest.raises(NodeBufferError, match="unknown read split 'rr'; valid: need, spread, leader"):
         NodeBufferManager(*args, budget=4096, read_split="rr")
     with pytest.raises(NodeBufferError, match=r"steps \[0, 9\) outside the plan's \[0, 4\)"):
         NodeBufferManager(*args, budget=4096, stop=9)

@@ -215,7 +215,10 @@ class BufferManager:
                 with self._cv:
                     ahead = self._may_read_ahead(g_book, booked)
                 if ahead and P.may_book(g_book, booked):
-                    booked.append(P.book(g_book, io))
+                    item = P.book(g_book, io)
+                    if item.fut is not None:  # a place that polls wakes as soon as its own reads are in
+                        item.fut.add_done_callback(self._wake)
+                    booked.append(item)
                     g_book += 1
                     progressed = True
             if progressed:
@@ -226,6 +229,10 @@ class BufferManager:
             if P.idle(self, booked, g_book, wait, now - idle_since):
                 idle_since = None  # waiting for this rank's own consumer: not a stall of the others
             wait = min(POLL_MAX_S, wait * 2)
+
+    def _wake(self, _fut=None):
+        with self._cv:
+            self._cv.notify_all()
 
     def _assemble(self, item: Booked):
         self.place.before_assemble(item)

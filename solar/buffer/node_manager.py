@@ -15,6 +15,7 @@ import numpy as np
 
 from ..memory import DEFAULT_IO_DEPTH, DEFAULT_PREFETCH
 from .manager import BufferManager
+from .node_pools import DEFAULT_READ_SPLIT
 from .node_place import NODE_KEYS, NodePlace, NodeStepStats, NodeTotals, PeerFailed  # noqa: F401 - imported from here
 
 
@@ -32,7 +33,7 @@ class NodeBufferManager(BufferManager):
     ``batch_bytes``: one assembled batch (0 when ``assemble`` makes nothing sizeable).  The node's
     memory (:func:`~solar.memory.node_memory`) is checked against ranks x the per-rank
     limit before anything is read.  ``read_split``: a name of
-    :data:`~solar.buffer.node_pools.READ_SPLITS`.  ``timeout``: seconds without progress while
+    :data:`~solar.buffer.node_pools.READ_SPLITS` (default ``need``: each rank reads what its own samples use).  ``timeout``: seconds without progress while
     waiting for other ranks before raising :class:`NodeBufferError` (None: wait as long as they
     run; a failed rank is noticed either way).  Collective over ``comm``; every rank passes the
     same plan, ``start`` and ``stop``.
@@ -41,7 +42,7 @@ class NodeBufferManager(BufferManager):
     def __init__(self, node_plan, rank: int, demand: Dict[str, np.ndarray], reader, assemble: Callable[..., Any], *,
                  comm=None, budget: int, prefetch: int = DEFAULT_PREFETCH, start: int = 0,
                  stop: Optional[int] = None, io_depth: int = DEFAULT_IO_DEPTH, batch_bytes: int = 0,
-                 read_split: str = "spread", keep_step_stats: int = BufferManager.KEEP_STEP_STATS,
+                 read_split: str = DEFAULT_READ_SPLIT, keep_step_stats: int = BufferManager.KEEP_STEP_STATS,
                  fence: Optional[int] = None, timeout: Optional[float] = None):
         from ..mpi import agree
         err = None

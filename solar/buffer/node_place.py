@@ -5,18 +5,23 @@ manager's (:mod:`solar.buffer.manager`), this is the place it runs in, one insta
 Per step g, at node n (the plan's order): evict, load, stage, the transfers of g, then every rank
 of n assembles its samples from n's pool and staging area.  At run time:
 
-* **Who reads**: the node's loads and stages of g, sorted by block, are split over its ranks
-  (:data:`~solar.buffer.node_pools.READ_SPLITS`: ``spread``, contiguous runs balanced by stored
-  bytes, the default; ``leader``: local rank 0 reads all); each rank reads its part with its own
-  reader, straight into the shared slots, in the manager's prefetch thread (reads of up to ``io_depth``
-  steps in flight, at most ``prefetch`` assembled batches waiting).
-* **Who waits**: every rank publishes two counters in the window: ``READ`` (its part of every step
-  up to it is in the pool; for local rank 0 also the blocks received from other nodes) and ``DONE``
-  (it has assembled every step up to it; for local rank 0 also sent every block of those steps).
-  A rank assembles g once every rank of its node has READ >= g; it writes step g's slots once
-  every rank of its node has DONE >= ``after[g]`` (the slot assignment says which step freed them:
-  :func:`~solar.buffer.node_pools.assign_slots`).  Waiting is polling with a backoff sleep
-  (50 us .. 2 ms), never a spin.
+* **Who reads**: the node's loads and stages of g are split over its ranks by a read split
+  (:data:`~solar.buffer.node_pools.READ_SPLITS`; ``need``, the default: each block by a rank whose samples
+  use it at g, the least loaded of them where several do; ``spread``: contiguous runs balanced by stored
+  bytes; ``leader``: local rank 0 reads all); each rank reads its part with its own reader, straight into
+  the shared slots, in the manager's prefetch thread (reads of up to ``io_depth`` steps in flight, at most
+  ``prefetch`` assembled batches waiting), the blocks other ranks use at g first, in a request of their own.
+* **Who waits**: every rank publishes counters in the window: ``READ`` (its part of every step up to it
+  is in the pool; for local rank 0 also the blocks received from other nodes), ``SHARED`` (the blocks of
+  its part that other ranks use at the step, up to it) and ``DONE`` (it has assembled every step up to it;
+  for local rank 0 also sent every block of those steps).  A rank assembles g once its own reads of g
+  are in, every rank that read a block it uses at g has SHARED >= g, and every rank that read one of its
+  blocks at an earlier step g' has READ >= g' (every rank records who read each block, and when: all book
+  the same steps): with the ``need`` split, ranks wait for each other only where their samples share
+  blocks, not for each other's whole reads.  It writes step g's slots once every rank of its node has
+  DONE >= ``after[g]`` (the slot assignment says which step freed them:
+  :func:`~solar.buffer.node_pools.assign_slots`).  Waiting is polling with a backoff sleep (50 us .. 2
+  ms; a rank's own reads wake it at once), never a spin.
 * **Transfers** (``solar-peer`` plans): local rank 0 of each node posts, when it books step g, a
   receive per block the node gets at g (into its staging slots), and once its node has read g, a
   send per block it gives at g (a copy of the slot: see :meth:`NodePlace.poll`), on a communicator of
@@ -40,7 +45,7 @@ import numpy as np
 
 from ..errors import SolarError
 from ..memory import plan_node_memory
-from .node_pools import (DONE, FAILED, CLOSED, FLAG, READ, RECV, NodeBufferError, SharedPools, assign_slots,
+from .node_pools import (DONE, FAILED, CLOSED, FLAG, READ, RECV, SHARED, NodeBufferError, SharedPools, assign_slots,
                          check_node_memory, get_read_split, node_comm)
 from .steps import Booked, BufferTotals, StepBlocks, StepStats, read_outside, step_blocks
 from .warmup import resident_at
@@ -49,6 +54,7 @@ TAG_MOD = 32000      # transfer tags: step % TAG_MOD (MPI guarantees tags up to 
 TAG_ERR = 32001      # "a rank failed" (payload: its one-line message)
 TAG_CLOSED = 32002   # "this node closed before its plan's end" (payload: int64, the first step it has not sent)
 _KEPT: list = []     # transfer communicators of managers closed before their plan's end (never freed: see close)
+NO_DEP = -(1 << 62)  # a step's dependency on a rank it does not depend on
 
 
 class PeerFailed(NodeBufferError):
@@ -133,7 +139,7 @@ class NodePlace:
         self.plan, self.rank, self.comm, self.reader = plan, int(rank), comm, reader
         self.nodes, self.L, self.node = nodes, L, int(rank) // L
         self.local = int(rank) - self.node * L
-        self.split, self.read_split = split, read_split
+        self.owners, self.read_split = split, read_split
         self.prefetch, self.io_depth, self.timeout = int(prefetch), int(io_depth), timeout
         self.budget = int(budget)
         self.sample_ptr = np.asarray(demand["sample_ptr"], np.int64)
@@ -151,6 +157,15 @@ class NodePlace:
         self.lists = plan.node(self.node)
         mine = plan.rank(self.rank)
         self.samples, self.samples_ptr = np.asarray(mine["samples"], np.int64), mine["samples_ptr"]
+        # every local rank's samples per step (who needs which block at a step: the read split "need"); a plan
+        # that holds this rank's alone (a later window of an open-ended plan) reads by "spread" instead
+        try:
+            self.local_samples = [(np.asarray(r["samples"], np.int64), np.asarray(r["samples_ptr"], np.int64))
+                                  for r in (plan.rank(q) for q in nodes.ranks_of(self.node))]
+        except IndexError:
+            self.local_samples = None
+            if read_split == "need":
+                self.owners = get_read_split("spread")
         self.memory, slots2, self.class_of, class_bytes, main, self.stg = plan_node_memory(
             self.lists, self.block_nbytes, self.sample_ptr.shape[0] - 1, self.sample_blocks.shape[0], L=L,
             budget=self.budget, batch=int(batch_bytes), prefetch=self.prefetch, io_depth=self.io_depth)
@@ -164,6 +179,12 @@ class NodePlace:
         self.after = np.maximum(after_main, after_stage)  # (G,)
         self.slot_of = np.full(B, -1, dtype=np.int64)   # pool slot of each block resident (this rank's view)
         self.sslot_of = np.full(B, -1, dtype=np.int64)  # staging slot of each block staged or received
+        # which local rank read each block last, at which step (every rank books every step: the same everywhere)
+        self.loaded_by = np.full(B, -1, dtype=np.int64)
+        self.loaded_at = np.full(B, -1, dtype=np.int64)
+        # step -> (read of this rank's part that other ranks use at the step, read of the rest, READ needed of
+        # each local rank, SHARED needed of each): see ready
+        self._parts: Dict[int, tuple] = {}
         self.resident_bytes = 0
         self.peak_resident_bytes = 0
         self.warmup_bytes_read = 0
@@ -177,8 +198,8 @@ class NodePlace:
         self._sends: Dict[int, list] = {}        # step -> [(dest rank, view)] noted at booking, sent later
         # the polling loop's view: this rank's last READ / RECV / DONE published, its last step assembled, the
         # node's counters as last read
-        self.pub_read = self.pub_recv = self.asm = self.done = self.start - 1
-        self.reads = self.dones = None
+        self.pub_read = self.pub_recv = self.pub_shared = self.asm = self.done = self.start - 1
+        self.reads = self.dones = self.shareds = None
         self.xfer = False  # local rank 0 of a plan with transfers (set once connected)
         self.booked_to = self.start  # the first step not booked yet
         self.node_read = self.recvd = self.start - 1
@@ -325,8 +346,9 @@ class NodePlace:
         slot = self.load_slot[:lp[self.start]][::-1][last[np.searchsorted(loaded, blocks)]]
         self.slot_of[blocks] = slot
         self.resident_bytes = self.peak_resident_bytes = int(self.block_nbytes[blocks].sum())
-        ptr = self.split(self.block_stored[blocks], self.L)
-        part = slice(int(ptr[self.local]), int(ptr[self.local + 1]))
+        owner = self.owners(blocks, self.block_stored[blocks], [], self.L)
+        self.loaded_by[blocks], self.loaded_at[blocks] = owner, self.start  # in once SHARED >= start
+        part = owner == self.local
         views = [self._view(int(self.class_of[b]), int(s), int(b)) for b, s in zip(blocks[part].tolist(),
                                                                                   slot[part].tolist())]
         if views:
@@ -340,18 +362,34 @@ class NodePlace:
         progressed = False
         self._check_peers()
         reads, dones = self.reads, self.dones = self.shm.counters(READ), self.shm.counters(DONE)
+        shareds = self.shareds = self.shm.counters(SHARED)
         self.recvd = int(self.shm.counters(RECV)[0])
-        # this rank's storage reads of the oldest steps complete: READ, in order; local rank 0's receives
-        # complete: RECV (separate: a node sends once its reads are in, whatever it still receives)
+        # this rank's reads that other ranks use at the same step complete: SHARED, in order; all its storage
+        # reads of the oldest steps complete: READ, in order (READ <= SHARED); local rank 0's receives complete:
+        # RECV (separate: a node sends once its reads are in, whatever it still receives)
+        for item in booked:
+            if item.g <= self.pub_shared:
+                continue
+            fs = self._parts[item.g][0]
+            if fs is not None and not fs.done():
+                break
+            self._publish_shared(item.g)
+            progressed = True
         for item in booked:
             if item.g <= self.pub_read:
                 continue
-            if item.fut is not None and not item.fut.done():
+            fs, fo = self._parts[item.g][:2]
+            if any(f is not None and not f.done() for f in (fs, fo)):
                 break
-            if item.fut is not None:
-                rs = item.fut.result()
-                item.stats.bytes_read, item.stats.n_reads = rs.bytes_read, rs.n_reads
+            for f in (fs, fo):
+                if f is not None:
+                    rs = f.result()
+                    item.stats.bytes_read += rs.bytes_read
+                    item.stats.n_reads += rs.n_reads
             item.stats.read_s = time.perf_counter() - item.t0
+            self._parts[item.g] = (None, None) + self._parts[item.g][2:]
+            if item.g > self.pub_shared:
+                self._publish_shared(item.g)
             self.pub_read = item.g
             self.shm.publish(READ, self.pub_read)
             reads[self.local] = self.pub_read
@@ -382,6 +420,11 @@ class NodePlace:
                 progressed = True
         return self._publish_done() or progressed
 
+    def _publish_shared(self, g: int):
+        self.pub_shared = g
+        self.shm.publish(SHARED, g)
+        self.shareds[self.local] = g
+
     def _publish_done(self) -> bool:
         """DONE: every step up to it assembled here (and, for local rank 0 with transfers, its blocks sent)."""
         if self.xfer:
@@ -397,10 +440,19 @@ class NodePlace:
         return True
 
     def ready(self, item: Booked) -> bool:
-        return item.g <= self.node_read and item.g <= self.recvd
+        """Step g's blocks are in for this rank's samples: its own reads of g (READ), the blocks other ranks
+        read at g that it uses (their SHARED >= g), those they read at earlier steps (their READ >= that step),
+        the blocks received from other nodes (RECV).  Not the other ranks' whole reads of g: a rank waits for
+        another only where they share blocks."""
+        g = item.g
+        if g > self.pub_read or g > self.recvd:
+            return False
+        dep_read, dep_shared = self._parts[g][2:]
+        return bool((self.reads >= dep_read).all() and (self.shareds >= dep_shared).all())
 
     def before_assemble(self, item: Booked):
         """(The reads' figures were taken when READ was published.)"""
+        self._parts.pop(item.g, None)
 
     def assembled(self, g: int):
         self.asm = g
@@ -430,7 +482,9 @@ class NodePlace:
         waits = []  # (local rank, what, step) this rank waits for, to make that step
         if booked and booked[0].g <= pub_read:
             g = booked[0].g
-            waits += [(j, f"its reads of step {g}", g) for j in np.flatnonzero(reads < g).tolist()]
+            dep_read, dep_shared = self._parts[g][2:]
+            waits += [(j, f"its reads of step {g}", g)
+                      for j in np.flatnonzero((reads < dep_read) | (self.shareds < dep_shared)).tolist()]
         if g_book < self.stop and len(booked) < self.io_depth:
             a = int(self.after[g_book])
             what = f"its step {a} to be assembled" if a >= self.start else \
@@ -500,22 +554,55 @@ class NodePlace:
         r_slot = np.concatenate([self.slot_of[ld], self.sslot_of[sl[:n_stage]]])
         is_stage = np.arange(r_blocks.shape[0]) >= ld.shape[0]
         order = np.argsort(r_blocks, kind="stable")
-        ptr = self.split(self.block_stored[r_blocks[order]], self.L)
-        mine = order[int(ptr[self.local]):int(ptr[self.local + 1])]
+        rb = r_blocks[order]
+        # who reads what (the read split), the same on every rank of the node: it needs every local rank's blocks
+        needs = [need if j == self.local else self._needs(j, g) for j in range(self.L)] \
+            if self.local_samples is not None else [need if j == self.local else np.zeros(0, np.int64)
+                                                    for j in range(self.L)]
+        owner = self.owners(rb, self.block_stored[rb], needs, self.L)
+        self.loaded_by[rb], self.loaded_at[rb] = owner, g
+        # what this rank's samples wait for: blocks other local ranks read at g (their SHARED >= g) or before
+        # (their READ >= that step); blocks read by no rank yet (-1: received, or read outside) wait for none
+        by, at = self.loaded_by[need], self.loaded_at[need]
+        peer = (by >= 0) & (by != self.local)
+        dep_read = np.full(self.L, NO_DEP, dtype=np.int64)
+        dep_shared = np.full(self.L, NO_DEP, dtype=np.int64)
+        old = peer & (at < g)
+        np.maximum.at(dep_read, by[old], at[old])
+        dep_shared[by[peer & (at >= g)]] = g
+        mine = order[owner == self.local]
         st.misses, st.bytes_loaded = int(mine.shape[0]), int(self.block_nbytes[r_blocks[mine]].sum())
         st.stored_bytes = int(self.block_stored[r_blocks[mine]].sum())
         st.staged = int(np.count_nonzero(is_stage[mine]))
+        # this rank's reads that other ranks use at g first, in a request of their own (they wait for it)
+        # (where the other ranks' blocks are not known, all of this rank's reads count as used by them)
+        others = [needs[j] for j in range(self.L) if j != self.local]
+        if self.local_samples is None:
+            used = np.ones(mine.shape[0], bool)
+        else:
+            used = np.isin(r_blocks[mine], np.concatenate(others)) if others else np.zeros(mine.shape[0], bool)
         t0 = time.perf_counter()
-        fut = None
-        if mine.size:
-            views = [self._view(c, s, b) for c, s, b in zip(r_cls[mine].tolist(), r_slot[mine].tolist(),
-                                                           r_blocks[mine].tolist())]
-            fut = io.submit(self.reader.read_blocks, r_blocks[mine], views)
+        futs = []
+        for part in (mine[used], mine[~used]):
+            if not part.size:
+                futs.append(None)
+                continue
+            views = [self._view(c, s, b) for c, s, b in zip(r_cls[part].tolist(), r_slot[part].tolist(),
+                                                           r_blocks[part].tolist())]
+            futs.append(io.submit(self.reader.read_blocks, r_blocks[part], views))
+        self._parts[g] = (futs[0], futs[1], dep_read, dep_shared)
+        fut = futs[1] if futs[1] is not None else futs[0]
         recvs = []
         if self.xfer:
             recvs = self._post_transfers(g, st)
         self.booked_to = g + 1
         return Booked(g, samples, blocks, st, fut, t0, recvs=recvs)
+
+    def _needs(self, j: int, g: int) -> np.ndarray:
+        """int64[m] ascending: the blocks local rank j's samples use at step g."""
+        smp, ptr = self.local_samples[j]
+        samples = smp[ptr[g]:ptr[g + 1]]
+        return step_blocks(self.sample_ptr, self.sample_blocks, samples) if samples.size else np.zeros(0, np.int64)
 
     def _post_transfers(self, g: int, st: NodeStepStats) -> list:
         """Local rank 0: post the receives of step g (into staging slots) and note its sends (posted

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import platform
 import time
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Optional, Sequence
 
 import numba as nb
 import numpy as np
@@ -142,16 +142,52 @@ def split_spread(stored: np.ndarray, L: int) -> np.ndarray:
     return np.concatenate([[0], cut, [k]]).astype(np.int64)
 
 
-def split_leader(stored: np.ndarray, L: int) -> np.ndarray:
-    """int64[L+1]: local rank 0 reads everything, the others nothing."""
-    k = int(np.shape(stored)[0])
-    return np.concatenate([[0], np.full(L, k)]).astype(np.int64)
+def _owners_of_runs(ptr: np.ndarray) -> np.ndarray:
+    return np.repeat(np.arange(ptr.shape[0] - 1, dtype=np.int64), np.diff(ptr))
 
 
-READ_SPLITS: Dict[str, Callable[[np.ndarray, int], np.ndarray]] = {"spread": split_spread, "leader": split_leader}
+def owners_spread(blocks: np.ndarray, stored: np.ndarray, needs: Sequence[np.ndarray], L: int) -> np.ndarray:
+    """Contiguous runs balanced by stored bytes (:func:`split_spread`), whoever needs the blocks."""
+    return _owners_of_runs(split_spread(stored, L))
 
 
-def get_read_split(name: str) -> Callable[[np.ndarray, int], np.ndarray]:
+def owners_leader(blocks: np.ndarray, stored: np.ndarray, needs: Sequence[np.ndarray], L: int) -> np.ndarray:
+    """Local rank 0 reads everything, the others nothing."""
+    return np.zeros(np.shape(blocks)[0], dtype=np.int64)
+
+
+def owners_need(blocks: np.ndarray, stored: np.ndarray, needs: Sequence[np.ndarray], L: int) -> np.ndarray:
+    """Each block is read by a rank whose samples use it at this step: a block one rank needs, by that rank
+    (as with a buffer of its own); a block several need, by the one of them with the fewest stored bytes to read
+    so far, in block order; a block none needs now (kept for later), likewise among all ranks.  A rank then
+    waits for another only where they share a block (see :class:`~solar.buffer.node_place.NodePlace`)."""
+    blocks = np.asarray(blocks, np.int64)
+    stored = np.asarray(stored, np.int64)
+    k = blocks.shape[0]
+    if L == 1 or k == 0:
+        return np.zeros(k, dtype=np.int64)
+    uses = np.stack([np.isin(blocks, np.asarray(n, np.int64)) for n in needs]) if len(needs) \
+        else np.zeros((L, k), dtype=bool)  # (L, k): rank j needs block i at this step
+    count = uses.sum(axis=0)
+    owner = np.where(count == 1, uses.argmax(axis=0), -1).astype(np.int64)
+    load = np.bincount(owner[owner >= 0], weights=stored[owner >= 0], minlength=L).astype(np.int64)
+    for i in np.flatnonzero(owner < 0).tolist():
+        cand = np.flatnonzero(uses[:, i]) if count[i] else np.arange(L)
+        j = int(cand[np.argmin(load[cand])])  # the first of the least loaded
+        owner[i] = j
+        load[j] += stored[i]
+    return owner
+
+
+#: who reads which of a node's reads at a step: ``fn(blocks, stored, needs, L) -> int64[k]``, the local rank
+#: that reads each of the step's ``k`` reads (``blocks`` ascending, ``stored`` their stored bytes, ``needs[j]``
+#: the blocks local rank j's samples use at the step).  Pure: every rank of the node computes the same.
+READ_SPLITS: Dict[str, Callable[..., np.ndarray]] = {"need": owners_need, "spread": owners_spread,
+                                                     "leader": owners_leader}
+DEFAULT_READ_SPLIT = "need"
+
+
+def get_read_split(name: str) -> Callable[..., np.ndarray]:
     try:
         return READ_SPLITS[name]
     except KeyError:
@@ -171,7 +207,7 @@ def check_node_memory(m: NodeMemory, node: int, L: int) -> None:
 
 
 # ---------------------------------------------------------------- the window
-READ, DONE, FLAG, RECV = range(HEADER_KINDS)  # each local rank's counters (the header's size: solar.memory.node)
+READ, DONE, FLAG, RECV, SHARED = range(HEADER_KINDS)  # each local rank's counters (the header's size: solar.memory.node)
 RUNNING, FAILED, CLOSED = 0, 1, 2             # values of FLAG
 
 
@@ -195,7 +231,7 @@ class SharedPools:
     Collective over ``ncomm`` (the node's communicator; None: a node of one rank, private
     memory).  Local rank 0 allocates the whole window, the others map it
     (``Win.Shared_query(0)``); each rank faults in its share of the pages at start.  Counters
-    (:data:`READ`, :data:`RECV`, :data:`DONE`, :data:`FLAG`) have one writer each: local rank j
+    (:data:`READ`, :data:`SHARED`, :data:`RECV`, :data:`DONE`, :data:`FLAG`) have one writer each: local rank j
     writes row j.  They start at ``init`` (the step before the first), DONE at ``done_init`` where
     given (a resume: lower until the rank's warm-up reads are in).
     """
@@ -239,6 +275,7 @@ class SharedPools:
         self.header[READ, self.local, 0] = int(init)
         self.header[DONE, self.local, 0] = int(init if done_init is None else done_init)
         self.header[RECV, self.local, 0] = int(init)
+        self.header[SHARED, self.local, 0] = int(init)
         self.header[FLAG, self.local, 0] = RUNNING
         self.barrier()
 

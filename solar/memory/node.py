@@ -56,7 +56,7 @@ class NodeMemory:
 
 
 # ---------------------------------------------------------------- the window's layout
-HEADER_KINDS = 4          # counters per local rank (READ, DONE, FLAG, RECV: solar.buffer.node_pools)
+HEADER_KINDS = 5          # counters per local rank (READ, DONE, FLAG, RECV, SHARED: solar.buffer.node_pools)
 LINE = 8                  # int64 per counter: one 64-byte cache line each (one writer per line)
 MESSAGE_BYTES = 256       # a failed rank's one-line message, per local rank
 ALIGN = 4096

@@ -369,8 +369,12 @@ class Schedule:
                 n_transfers = sum(int(self._read(f"nodes/{n}/send_count", "<i4", (self.n_steps,)).sum(dtype=np.int64))
                                   for n in range(self.nodes.n_nodes))
                 mine = self._read_samples(r)
+                # the node's other ranks' samples too: who reads which block for the node (buffer.node_place)
+                known = {q: mine if q == r else self._read_samples(q, sampler=False)
+                         for q in self.nodes.ranks_of(r // self.nodes.ranks_per_node)}
                 out = NodeRankPlan(self, r, mine, self._read_node(
-                    r // self.nodes.ranks_per_node, demand["block_nbytes"], {r: mine}), n_transfers)
+                    r // self.nodes.ranks_per_node, demand["block_nbytes"], known), n_transfers,
+                    peers={q: v for q, v in known.items() if q != r})
             if not keep:
                 return out
             self._ranks[key] = out
@@ -534,13 +538,17 @@ class NodeRankPlan:
     """
 
     def __init__(self, schedule: "Schedule", rank: int, samples: Dict[str, np.ndarray], node: Dict[str, np.ndarray],
-                 n_transfers: int, n_steps: Optional[int] = None):
+                 n_transfers: int, n_steps: Optional[int] = None,
+                 peers: Optional[Dict[int, Dict[str, np.ndarray]]] = None):
         self.nodes, self.policy = schedule.nodes, schedule.policy
         self.steps_per_epoch = schedule.steps_per_epoch
         self.n_steps = schedule.n_steps if n_steps is None else int(n_steps)  # a later window's: more
         self.rank_id, self.node_id = rank, rank // self.nodes.ranks_per_node
         self.samples = samples["samples"]
         self.samples_ptr = _ptr(samples["samples_count"])
+        # the samples of the node's other ranks where known (``peers``: {rank: samples and samples_count})
+        self._peers = {int(q): {"samples": v["samples"], "samples_ptr": _ptr(v["samples_count"])}
+                       for q, v in (peers or {}).items()}
         self._node = {k: v for k, v in node.items() if not k.endswith("_count")}
         for x in NODE_LISTS:
             self._node[x + "_ptr"] = _ptr(node[x + "_count"])
@@ -554,7 +562,10 @@ class NodeRankPlan:
         return self._identity
 
     def rank(self, r: int) -> Dict[str, np.ndarray]:
+        """Rank r's samples: this rank's, or another rank's of its node where the plan holds them."""
         if r != self.rank_id:
+            if r in self._peers:
+                return dict(self._peers[r])
             raise IndexError(f"this plan holds rank {self.rank_id}'s samples, not rank {r}'s")
         return {"samples": self.samples, "samples_ptr": self.samples_ptr}
 
