@@ -136,6 +136,12 @@ def test_windows_planned_by_the_ranks_equal_the_file_of_a_longer_window(well_dir
                 assert got_plan.n_steps == hi
                 for name in want:
                     assert got[name][lo:hi] == want[name][lo:hi], (r, w, name)
+                for q in first.nodes.ranks_of(r // L):  # every rank of the node's samples (the read split "need")
+                    theirs, ref = got_plan.rank(q), whole.node_plan(q).rank(q)
+                    ptr = theirs["samples_ptr"]
+                    assert ptr.shape == (hi + 1,) and ptr[lo] == 0
+                    assert np.array_equal(np.asarray(theirs["samples"]),
+                                          np.asarray(ref["samples"])[ref["samples_ptr"][lo]:ref["samples_ptr"][hi]])
                     if name != "load":  # before the window: nothing but the pool's blocks at its start
                         assert not np.any(got[name][:lo]) if name == "stats" else not any(got[name][:lo])
                 lists = whole.node_plan(r).node(r // L)

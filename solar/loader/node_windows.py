@@ -65,6 +65,9 @@ class NodeWindowPlanner(WindowPlanner):
 
     def __init__(self, schedule, rank: int, first: NodeRankPlan):
         self.first, self.node = first, int(rank) // schedule.nodes.ranks_per_node
+        # the node's other ranks' samples too (who reads which block for the node: solar.buffer.node_place)
+        self.peers = [q for q in schedule.nodes.ranks_of(self.node) if q != int(rank)]
+        self.PARTS = self.PARTS + tuple(f"peer{q}_{x}" for q in self.peers for x in ("samples", "samples_count"))
         super().__init__(schedule, rank, first)
 
     def _first_slice(self, first) -> WindowSlice:
@@ -76,12 +79,22 @@ class NodeWindowPlanner(WindowPlanner):
             arrays[other] = lists[other]
         arrays["stats"] = lists["stats"]
         arrays["n_transfers"] = np.array([first.n_transfers], dtype=np.int64)
+        for q in self.peers:
+            theirs = first.rank(q)
+            arrays[f"peer{q}_samples"] = theirs["samples"]
+            arrays[f"peer{q}_samples_count"] = _counts(theirs["samples_ptr"])
         return WindowSlice(0, arrays, np.zeros(0, np.int64))
 
     def _keep(self, ep, parts: Dict[str, list]):
         """Append this rank's samples and its node's lists of node epoch plan ``ep`` to ``parts``."""
         for name, arr in node_epoch_part(ep, self.rank, self.node).items():
             parts[name].append(arr)
+        if self.peers:
+            samples, scount = samples_rank_major(ep.indices, ep.bounds, ep.rank_of, ep.nodes.world_size)
+            starts = split_rows(scount)
+            for q in self.peers:
+                parts[f"peer{q}_samples"].append(samples[starts[q]:starts[q + 1]])
+                parts[f"peer{q}_samples_count"].append(scount[q])
 
     def rank_plan(self, w: int) -> NodeRankPlan:
         """This rank's node plan of window ``w`` (planned first if need be) over global steps
@@ -110,5 +123,9 @@ class NodeWindowPlanner(WindowPlanner):
         for other in NODE_PEERS.values():
             node[other] = np.asarray(a[other], np.int32)
         node["stats"] = np.concatenate([np.zeros((base, a["stats"].shape[1]), np.int64), a["stats"]])
+        peers = {}
+        for q in self.peers:
+            arr, cnt = lead(a[f"peer{q}_samples"], a[f"peer{q}_samples_count"])
+            peers[q] = {"samples": arr, "samples_count": cnt}
         return NodeRankPlan(s, self.rank, {"samples": samples, "samples_count": samples_count}, node,
-                            int(a["n_transfers"].sum()), n_steps=base + self.K * self.S)
+                            int(a["n_transfers"].sum()), n_steps=base + self.K * self.S, peers=peers)
