@@ -24,8 +24,8 @@ from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 from conftest import on_root
 from helpers import h5py_sample, make_dataset
 from solar.buffer.node_manager import NodeBufferManager, PeerFailed
-from solar.buffer.node_pools import (NodeBufferError, READ_SPLITS, assign_slots, get_read_split, owners_need,
-                                     split_spread)
+from solar.buffer.node_pools import (NodeBufferError, READ_SPLITS, assign_slots, get_read_split, node_uses,
+                                     owners_need, split_spread)
 from solar.io import get_reader
 from solar.io.reader import ReadStats
 from solar.layout import load_layout
@@ -79,6 +79,49 @@ def replay_slots(class_of, load, lp, evict, ep, slot):
             a = max(a, freed_at.get(key, 0) - 1)
         after.append(a)
     return np.array(after, np.int64)
+
+
+@settings(max_examples=150, deadline=None)
+@given(residency(), st.integers(0, 3), st.data())
+def test_assign_slots_frees_a_slot_after_the_last_use_of_its_block(case, extra, data):
+    class_of, C, load, lp, evict, ep = case
+    G = lp.shape[0] - 1
+    slots = slots_needed(class_of, C, load, lp, evict, ep) + extra
+    # random uses: at each step some of the blocks resident after its loads
+    resident, use, up = set(), [], [0]
+    for g in range(G):
+        resident -= set(evict[ep[g]:ep[g + 1]].tolist())
+        resident |= set(load[lp[g]:lp[g + 1]].tolist())
+        use += [b for b in sorted(resident) if data.draw(st.booleans())]
+        up.append(len(use))
+    use, up = np.array(use, np.int64), np.array(up, np.int64)
+    slot0, after0 = assign_slots(class_of, slots, load, lp, evict, ep)
+    slot, after = assign_slots(class_of, slots, load, lp, evict, ep, uses=(use, up))
+    assert np.array_equal(slot, slot0) and (after <= after0).all()  # the same slots, free no later
+    # independent replay: a slot is free once its last block's last use (or load, unused) is assembled
+    holder, release, where, loaded, used = {}, {}, {}, {}, {}
+    for g in range(G):
+        for b in evict[ep[g]:ep[g + 1]].tolist():
+            key = where.pop(b)
+            del holder[key]
+            release[key] = max(loaded[b], used.get(b, -1))
+        a = -1
+        for i in range(lp[g], lp[g + 1]):
+            b, key = int(load[i]), (int(class_of[load[i]]), int(slot[i]))
+            holder[key], where[b], loaded[b] = b, key, g
+            a = max(a, release.get(key, -1))
+        assert after[g] == a, g
+        for b in use[up[g]:up[g + 1]].tolist():
+            used[b] = g
+
+
+def test_node_uses_lists_every_rank_s_blocks_and_the_sends_per_step():
+    # 3 samples of 2, 1 and 2 blocks; rank 0 takes samples 0 then 2, rank 1 sample 1 then nothing
+    sample_ptr, sample_blocks = np.array([0, 2, 3, 5]), np.array([4, 5, 6, 7, 8])
+    ranks = [(np.array([0, 2]), np.array([0, 1, 2])), (np.array([1]), np.array([0, 1, 1]))]
+    use, ptr = node_uses(sample_ptr, sample_blocks, ranks, np.array([9]), np.array([0, 0, 1]), 2)
+    assert ptr.tolist() == [0, 3, 6]
+    assert sorted(use[0:3].tolist()) == [4, 5, 6] and sorted(use[3:6].tolist()) == [7, 8, 9]
 
 
 @settings(max_examples=150, deadline=None)

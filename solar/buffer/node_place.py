@@ -46,7 +46,7 @@ import numpy as np
 from ..errors import SolarError
 from ..memory import plan_node_memory
 from .node_pools import (DONE, FAILED, CLOSED, FLAG, READ, RECV, SHARED, NodeBufferError, SharedPools, assign_slots,
-                         check_node_memory, get_read_split, node_comm)
+                         check_node_memory, get_read_split, node_comm, node_uses)
 from .steps import Booked, BufferTotals, StepBlocks, StepStats, read_outside, step_blocks
 from .warmup import resident_at
 
@@ -174,14 +174,21 @@ class NodePlace:
         check_node_memory(self.memory, self.node, L)
         self.class_bytes2 = np.concatenate([class_bytes, class_bytes]).astype(np.int64)  # (2C,) pool, staging
         self.slots2 = slots2
-        self.load_slot, after_main = assign_slots(self.class_of, slots2[:C], *main)
+        # a pool slot is free once the node has assembled the last use of the block it held (known where the plan
+        # holds every local rank's samples), else the step before its eviction
+        uses = None if self.local_samples is None else node_uses(
+            self.sample_ptr, self.sample_blocks, self.local_samples, self.lists["send"], self.lists["send_ptr"], G)
+        self.load_slot, after_main = assign_slots(self.class_of, slots2[:C], *main, uses=uses)
         self.stage_slot, after_stage = assign_slots(self.class_of, slots2[C:], *self.stg, check_evict=False)
         self.after = np.maximum(after_main, after_stage)  # (G,)
+        if self.start > 0:  # a resume: no slot is written before every rank's warm-up reads are in
+            self.after[self.start:] = np.maximum(self.after[self.start:], self.start - 1)
         self.slot_of = np.full(B, -1, dtype=np.int64)   # pool slot of each block resident (this rank's view)
         self.sslot_of = np.full(B, -1, dtype=np.int64)  # staging slot of each block staged or received
         # which local rank read each block last, at which step (every rank books every step: the same everywhere)
         self.loaded_by = np.full(B, -1, dtype=np.int64)
         self.loaded_at = np.full(B, -1, dtype=np.int64)
+        self._mark = np.zeros(B, dtype=bool)  # book's scratch (all False between calls)
         # step -> (read of this rank's part that other ranks use at the step, read of the rest, READ needed of
         # each local rank, SHARED needed of each): see ready
         self._parts: Dict[int, tuple] = {}
@@ -543,8 +550,12 @@ class NodePlace:
         slot = np.where(staged, self.sslot_of[need], slot)
         cls = np.where(staged, cls + C, cls)
         missing = need[slot < 0]
-        st.hits = int(np.count_nonzero(~staged) - np.count_nonzero(np.isin(need, ld)))
-        st.hit_bytes = int(self.block_nbytes[need[~staged]].sum() - self.block_nbytes[np.intersect1d(need, ld)].sum())
+        mark = self._mark  # scratch: the blocks loaded at g (cleared below)
+        mark[ld] = True
+        fresh = mark[need]  # blocks of this rank's samples loaded at g: misses, not hits
+        mark[ld] = False
+        st.hits = int(np.count_nonzero(~staged & ~fresh))
+        st.hit_bytes = int(self.block_nbytes[need[~staged & ~fresh]].sum())
         extra = read_outside(self.reader, missing, self.block_nbytes, st)  # the plan said the node holds these
         blocks = StepBlocks(g, need, cls, slot, self.pools, self.block_nbytes, extra)
         # this rank's part of the node's reads: loads (pool) and stages (staging), sorted by block
@@ -579,8 +590,13 @@ class NodePlace:
         others = [needs[j] for j in range(self.L) if j != self.local]
         if self.local_samples is None:
             used = np.ones(mine.shape[0], bool)
+        elif others:
+            theirs = np.concatenate(others)
+            mark[theirs] = True
+            used = mark[r_blocks[mine]]
+            mark[theirs] = False
         else:
-            used = np.isin(r_blocks[mine], np.concatenate(others)) if others else np.zeros(mine.shape[0], bool)
+            used = np.zeros(mine.shape[0], bool)
         t0 = time.perf_counter()
         futs = []
         for part in (mine[used], mine[~used]):

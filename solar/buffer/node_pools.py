@@ -41,10 +41,13 @@ OK, NOT_RESIDENT, ALREADY_RESIDENT, NO_SLOT = 0, 1, 2, 3
 
 
 @nb.njit(nogil=True, cache=True)
-def _assign(load, load_ptr, evict, evict_ptr, class_of, slots, check_evict, slot_out, after_out, err):
+def _assign(load, load_ptr, evict, evict_ptr, class_of, slots, check_evict, use, use_ptr, slot_out, after_out, err):
     """FIFO slot assignment of a node's lists (see :func:`assign_slots`); ``err`` int64[3] out:
     (status, step, block or class)."""
     G = load_ptr.shape[0] - 1
+    by_use = use_ptr.shape[0] == G + 1
+    loaded_at = np.full(class_of.shape[0], -1, np.int64)  # (by_use) step of each resident block's load
+    used_at = np.full(class_of.shape[0], -1, np.int64)    # (by_use) step of each block's last use
     C = slots.shape[0]
     off = np.zeros(C + 1, np.int64)
     for c in range(C):
@@ -72,7 +75,9 @@ def _assign(load, load_ptr, evict, evict_ptr, class_of, slots, check_evict, slot
             cur[b] = -1
             pos = off[c] + (head[c] + count[c]) % slots[c]
             q_slot[pos] = s
-            q_step[pos] = g
+            # free once step g-1 is assembled everywhere; knowing the uses: once the block's last use (or its
+            # load, unused) is
+            q_step[pos] = max(loaded_at[b], used_at[b]) + 1 if by_use else g
             count[c] += 1
         for i in range(load_ptr[g], load_ptr[g + 1]):
             b = load[i]
@@ -88,13 +93,17 @@ def _assign(load, load_ptr, evict, evict_ptr, class_of, slots, check_evict, slot
             count[c] -= 1
             cur[b] = q_slot[pos]
             slot_out[i] = q_slot[pos]
+            loaded_at[b] = g
             if q_step[pos] - 1 > a:
                 a = q_step[pos] - 1
         after_out[g] = a
+        if by_use:
+            for i in range(use_ptr[g], use_ptr[g + 1]):
+                used_at[use[i]] = g
 
 
 def assign_slots(class_of: np.ndarray, slots: np.ndarray, load: np.ndarray, load_ptr: np.ndarray,
-                 evict: np.ndarray, evict_ptr: np.ndarray, check_evict: bool = True):
+                 evict: np.ndarray, evict_ptr: np.ndarray, check_evict: bool = True, uses=None):
     """``(slot int64[K], after int64[G])``: the slot of each entry of ``load`` and, per step, the
     last step whose assembly must be over on every rank of the node before that step's loads are
     written (-1: none).
@@ -104,7 +113,12 @@ def assign_slots(class_of: np.ndarray, slots: np.ndarray, load: np.ndarray, load
     loads.  Freed slots are handed out first-in first-out.  A slot freed at step q held a block
     the plan no longer needs at q, so it may be overwritten once step q-1 is assembled:
     ``after[g]`` = max(q - 1) over the slots step g's loads take.  ``check_evict=False`` ignores
-    evictions of blocks that are not resident (staging lists that start mid-plan).  A damaged plan
+    evictions of blocks that are not resident (staging lists that start mid-plan).
+
+    ``uses``: ``(use, use_ptr)``, the blocks the node uses at each step (every rank's samples' blocks and
+    the blocks it sends; CSR over G steps, repeats allowed), where known: a slot freed at step q is then
+    free once the evicted block's last use before q is assembled (or its load, if it was not used), which
+    is often long before q - 1, so reads run further ahead of the slowest rank.  A damaged plan
     (evicting a block that is not resident, loading one that is) or too few slots raise
     :class:`NodeBufferError` naming the step.
     """
@@ -114,9 +128,10 @@ def assign_slots(class_of: np.ndarray, slots: np.ndarray, load: np.ndarray, load
     slot = np.full(load.shape[0], -1, dtype=np.int64)
     after = np.full(G, -1, dtype=np.int64)
     err = np.zeros(3, dtype=np.int64)
+    use, use_ptr = (np.zeros(0, np.int64), np.zeros(0, np.int64)) if uses is None else uses
     _assign(load, np.ascontiguousarray(load_ptr, np.int64), evict, np.ascontiguousarray(evict_ptr, np.int64),
             np.ascontiguousarray(class_of, np.int64), np.ascontiguousarray(slots, np.int64), bool(check_evict),
-            slot, after, err)
+            np.ascontiguousarray(use, np.int64), np.ascontiguousarray(use_ptr, np.int64), slot, after, err)
     status, g, x = (int(v) for v in err)
     if status == NOT_RESIDENT:
         raise NodeBufferError(f"step {g}: the plan evicts block {x}, which is not resident (damaged plan?)")
@@ -126,6 +141,31 @@ def assign_slots(class_of: np.ndarray, slots: np.ndarray, load: np.ndarray, load
         raise NodeBufferError(f"step {g}: no free slot of size class {x} ({int(slots[x])} slots): the pools are "
                               f"smaller than the plan's residency")
     return slot, after
+
+
+def node_uses(sample_ptr: np.ndarray, sample_blocks: np.ndarray, ranks: Sequence[tuple], send: np.ndarray,
+              send_ptr: np.ndarray, G: int):
+    """``(use int64[*], use_ptr int64[G+1])``: the blocks a node uses at each of steps 0..G-1, CSR, repeats
+    allowed: those of every rank's samples (``ranks``: ``(samples, samples_ptr)`` per rank of the node) and
+    the blocks it sends.  Pure."""
+    steps, blocks = [], []
+    for smp, ptr in ranks:
+        ptr = np.asarray(ptr, np.int64)
+        smp = np.asarray(smp, np.int64)[:int(ptr[G])]
+        step = np.repeat(np.arange(G, dtype=np.int64), np.diff(ptr[:G + 1]))
+        lo, n = sample_ptr[smp], sample_ptr[smp + 1] - sample_ptr[smp]
+        first = np.cumsum(n) - n  # each sample's first entry in the flat list
+        idx = np.repeat(lo - first, n) + np.arange(int(n.sum()), dtype=np.int64)
+        steps.append(np.repeat(step, n))
+        blocks.append(np.asarray(sample_blocks, np.int64)[idx])
+    send_ptr = np.asarray(send_ptr, np.int64)
+    steps.append(np.repeat(np.arange(G, dtype=np.int64), np.diff(send_ptr[:G + 1])))
+    blocks.append(np.asarray(send, np.int64)[:int(send_ptr[G])])
+    step, block = np.concatenate(steps), np.concatenate(blocks)
+    order = np.argsort(step, kind="stable")
+    ptr = np.zeros(G + 1, np.int64)
+    np.cumsum(np.bincount(step, minlength=G), out=ptr[1:])
+    return block[order], ptr
 
 
 # ---------------------------------------------------------------- who reads what
@@ -162,21 +202,48 @@ def owners_need(blocks: np.ndarray, stored: np.ndarray, needs: Sequence[np.ndarr
     so far, in block order; a block none needs now (kept for later), likewise among all ranks.  A rank then
     waits for another only where they share a block (see :class:`~solar.buffer.node_place.NodePlace`)."""
     blocks = np.asarray(blocks, np.int64)
-    stored = np.asarray(stored, np.int64)
     k = blocks.shape[0]
     if L == 1 or k == 0:
         return np.zeros(k, dtype=np.int64)
-    uses = np.stack([np.isin(blocks, np.asarray(n, np.int64)) for n in needs]) if len(needs) \
-        else np.zeros((L, k), dtype=bool)  # (L, k): rank j needs block i at this step
-    count = uses.sum(axis=0)
-    owner = np.where(count == 1, uses.argmax(axis=0), -1).astype(np.int64)
-    load = np.bincount(owner[owner >= 0], weights=stored[owner >= 0], minlength=L).astype(np.int64)
-    for i in np.flatnonzero(owner < 0).tolist():
-        cand = np.flatnonzero(uses[:, i]) if count[i] else np.arange(L)
-        j = int(cand[np.argmin(load[cand])])  # the first of the least loaded
-        owner[i] = j
-        load[j] += stored[i]
+    users = np.zeros((L, k), dtype=np.bool_)  # rank j uses block i at this step
+    for j, n in enumerate(needs):
+        n = np.asarray(n, np.int64)
+        pos = np.minimum(np.searchsorted(blocks, n), k - 1)
+        users[j, pos[blocks[pos] == n]] = True
+    owner = np.empty(k, dtype=np.int64)
+    _greedy_owners(users, np.asarray(stored, np.int64), owner)
     return owner
+
+
+@nb.njit(nogil=True, cache=True)
+def _greedy_owners(users, stored, owner):
+    """``owner`` out: the one user of a block with one; else the least loaded of its users (of all ranks
+    for a block with none), in block order, loads counted from the blocks with one user first."""
+    L, k = users.shape
+    load = np.zeros(L, np.int64)
+    for i in range(k):
+        owner[i] = -1
+        n = 0
+        for j in range(L):
+            if users[j, i]:
+                n += 1
+                owner[i] = j
+        if n == 1:
+            load[owner[i]] += stored[i]
+        else:
+            owner[i] = -1
+    for i in range(k):
+        if owner[i] >= 0:
+            continue
+        anyone = False
+        for j in range(L):
+            anyone = anyone or users[j, i]
+        best = -1
+        for j in range(L):
+            if (users[j, i] or not anyone) and (best < 0 or load[j] < load[best]):
+                best = j
+        owner[i] = best
+        load[best] += stored[i]
 
 
 #: who reads which of a node's reads at a step: ``fn(blocks, stored, needs, L) -> int64[k]``, the local rank
