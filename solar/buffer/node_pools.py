@@ -29,7 +29,7 @@ import numpy as np
 
 from ..errors import SolarError
 from ..memory.node import HEADER_KINDS, LINE, MESSAGE_BYTES, NodeMemory, class_offsets, header_bytes
-from .pool import SlotPools, pool_memory
+from .pool import SlotPools, pool_memory, populate
 
 
 class NodeBufferError(SolarError):
@@ -334,10 +334,14 @@ class SharedPools:
         offsets = class_offsets(class_bytes2, slots2, hb)
         self.pools = SlotPools(class_bytes2, slots2, memory=buf, offsets=offsets)
         self.window_bytes = int(window_bytes)
-        # each rank faults in (and zeroes) its share of the pages, in parallel, and sets its own counters
+        # each rank faults in its share of the pages, in parallel (zeroing them where the OS cannot populate a
+        # range), and sets its own counters; after the barrier it maps the other ranks' shares too, so that
+        # no read or gather of the run faults on a page another rank brought in
         share = -(-(buf.shape[0] - hb) // self.L)
         lo = hb + self.local * share
-        buf[lo:min(buf.shape[0], lo + share)] = 0
+        hi = min(buf.shape[0], lo + share)
+        if not populate(buf, lo, hi):
+            buf[lo:hi] = 0
         self.messages[self.local, :] = 0
         self.header[READ, self.local, 0] = int(init)
         self.header[DONE, self.local, 0] = int(init if done_init is None else done_init)
@@ -345,6 +349,9 @@ class SharedPools:
         self.header[SHARED, self.local, 0] = int(init)
         self.header[FLAG, self.local, 0] = RUNNING
         self.barrier()
+        if self.L > 1:
+            populate(buf, 0, lo)
+            populate(buf, hi, buf.shape[0])
 
     def barrier(self):
         if self.ncomm is not None:
