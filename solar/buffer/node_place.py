@@ -186,7 +186,7 @@ class NodePlace:
         self.slot_of = np.full(B, -1, dtype=np.int64)   # pool slot of each block resident (this rank's view)
         self.sslot_of = np.full(B, -1, dtype=np.int64)  # staging slot of each block staged or received
         # which local rank read each block last, at which step (every rank books every step: the same everywhere)
-        self.loaded_by = np.full(B, -1, dtype=np.int64)
+        self.loaded_by = np.full(B, -1, dtype=np.int32)  # (solar.memory.node.NODE_BLOCK_BYTES counts these)
         self.loaded_at = np.full(B, -1, dtype=np.int64)
         self._mark = np.zeros(B, dtype=bool)  # book's scratch (all False between calls)
         # step -> (read of this rank's part that other ranks use at the step, read of the rest, READ needed of

@@ -55,6 +55,10 @@ class NodeMemory:
         return dict(asdict(self), total=self.total, over_limit=self.over_limit)
 
 
+#: a node buffer's own per-block arrays on each rank (solar.buffer.node_place): the pool and staging slot of each
+#: block (int64 each), who read it last and when (int32, int64), a scratch mark (bool)
+NODE_BLOCK_BYTES = 8 + 8 + 4 + 8 + 1
+
 # ---------------------------------------------------------------- the window's layout
 HEADER_KINDS = 5          # counters per local rank (READ, DONE, FLAG, RECV, SHARED: solar.buffer.node_pools)
 LINE = 8                  # int64 per counter: one 64-byte cache line each (one writer per line)
@@ -133,7 +137,7 @@ def plan_node_memory(lists: Dict[str, np.ndarray], block_nbytes: np.ndarray, n_s
     class_of, class_bytes = size_classes(np.asarray(block_nbytes, np.int64))
     main = (lists["load"], lists["load_ptr"], lists["evict"], lists["evict_ptr"])
     stg = staging_lists(lists["stage"], lists["stage_ptr"], lists["recv"], lists["recv_ptr"])
-    keep = bookkeeping_bytes(int(n_samples), B, int(nnz)) + 8 * B
+    keep = bookkeeping_bytes(int(n_samples), B, int(nnz)) + NODE_BLOCK_BYTES * B
     mem, slots = node_memory(class_of, class_bytes, main, stg, L=L, budget=budget, batch=batch, bookkeeping=keep,
                              prefetch=prefetch, io_depth=io_depth)
     return mem, slots, class_of, class_bytes, main, stg
