@@ -27,7 +27,8 @@
 #   resident the all-resident `solar bench` pair alone (bench-resident)
 #   nodes    issue 25: SOLAR_GPU_RANKS (8) ranks on the node, cold, the node pool (the default) against a buffer
 #            per rank (--no-node-pool), on the contiguous file (with every baseline) and on a gzip one
-#            (4 samples a chunk): storage bytes against the file, limit ratio, samples/s (summary.json)
+#            (4 samples a chunk; also against --ranks-per-node 1): storage bytes against the file, limit ratio,
+#            samples/s (summary.json, nodes.json)
 #
 # What the machine needs: python3 with torch (CUDA), h5py, numba, numpy, mpi4py; the checkout (PYTHONPATH is
 # set here).  MPICH comes as a wheel in .whl/ (GPU machines have mpi4py but no MPI library); make it here with
@@ -249,8 +250,8 @@ cores() {
 # ------------------------------------------------------------------ issue 25: nodes
 # R ranks on this one node (SOLAR_GPU_RANKS, default 8), cold: the contiguous file with every baseline and the
 # default node pool, then solar alone with --no-node-pool; a gzip file of half the samples (4 a chunk), solar
-# alone both ways.  The four reports go into one file, nodes.json (8 files at most come back from the machine);
-# summary.json keeps their figures
+# alone three ways (also --ranks-per-node 1).  The five reports go into one file, nodes.json (8 files at most
+# come back from the machine); summary.json keeps their figures
 nodes() {
     [ -n "$MPIEXEC" ] || return 0
     local R=${SOLAR_GPU_RANKS:-8} G=$WORK/ptycho-gzip
@@ -264,13 +265,15 @@ nodes() {
         --no-node-pool
     STDOUT=$WORK/nodes-gzip-node.json run nodes-gzip-node 60 "${bench[@]}" "$G" --only solar
     STDOUT=$WORK/nodes-gzip-rank.json run nodes-gzip-rank 60 "${bench[@]}" "$G" --only solar --no-node-pool
-    # the four reports in one file (nodes.json: {"contiguous-node": report, ...}; a command's output that is no
+    # issue 25's own comparison: a node plan of one rank a node
+    STDOUT=$WORK/nodes-gzip-rpn1.json run nodes-gzip-rpn1 60 "${bench[@]}" "$G" --only solar --ranks-per-node 1
+    # the five reports in one file (nodes.json: {"contiguous-node": report, ...}; a command's output that is no
     # report is kept as {"raw": its text})
     "$PY" -c "import json, os, sys
 sys.path.insert(0, 'benchmarks')
 from gpu_summary import parse_report
 out = {}
-for k in ('contiguous-node', 'contiguous-rank', 'gzip-node', 'gzip-rank'):
+for k in ('contiguous-node', 'contiguous-rank', 'gzip-node', 'gzip-rank', 'gzip-rpn1'):
     p = os.path.join(sys.argv[1], 'nodes-' + k + '.json')
     if os.path.exists(p) and os.path.getsize(p):
         text = open(p, errors='replace').read()
