@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 from conftest import on_root
 from helpers import h5py_sample, make_dataset
 from solar.buffer.node_manager import NodeBufferManager, PeerFailed
-from solar.buffer.node_pools import (NodeBufferError, READ_SPLITS, assign_slots, get_read_split, node_uses,
+from solar.buffer.node_pools import (NodeBufferError, READ_SPLITS, assign_slots, get_read_split, last_uses,
                                      owners_need, split_spread)
 from solar.io import get_reader
 from solar.io.reader import ReadStats
@@ -96,7 +96,10 @@ def test_assign_slots_frees_a_slot_after_the_last_use_of_its_block(case, extra, 
         up.append(len(use))
     use, up = np.array(use, np.int64), np.array(up, np.int64)
     slot0, after0 = assign_slots(class_of, slots, load, lp, evict, ep)
-    slot, after = assign_slots(class_of, slots, load, lp, evict, ep, uses=(use, up))
+    B = class_of.shape[0]
+    slot, after = assign_slots(class_of, slots, load, lp, evict, ep,
+                               last_use=last_uses(evict, ep, B, np.zeros(1, np.int64), np.zeros(0, np.int64),
+                                                  direct=[(use, up)]))
     assert np.array_equal(slot, slot0) and (after <= after0).all()  # the same slots, free no later
     # independent replay: a slot is free once its last block's last use (or load, unused) is assembled
     holder, release, where, loaded, used = {}, {}, {}, {}, {}
@@ -115,13 +118,15 @@ def test_assign_slots_frees_a_slot_after_the_last_use_of_its_block(case, extra, 
             used[b] = g
 
 
-def test_node_uses_lists_every_rank_s_blocks_and_the_sends_per_step():
-    # 3 samples of 2, 1 and 2 blocks; rank 0 takes samples 0 then 2, rank 1 sample 1 then nothing
+def test_last_uses_are_the_node_s_last_use_before_each_eviction():
+    # 3 samples of 2, 1 and 2 blocks; rank 0 takes sample 0, then 2, then nothing; rank 1 sample 1, then none,
+    # then sample 0 again; the node sends block 9 at step 1
     sample_ptr, sample_blocks = np.array([0, 2, 3, 5]), np.array([4, 5, 6, 7, 8])
-    ranks = [(np.array([0, 2]), np.array([0, 1, 2])), (np.array([1]), np.array([0, 1, 1]))]
-    use, ptr = node_uses(sample_ptr, sample_blocks, ranks, np.array([9]), np.array([0, 0, 1]), 2)
-    assert ptr.tolist() == [0, 3, 6]
-    assert sorted(use[0:3].tolist()) == [4, 5, 6] and sorted(use[3:6].tolist()) == [7, 8, 9]
+    ranks = [(np.array([0, 2], np.int32), np.array([0, 1, 2, 2])), (np.array([1, 0]), np.array([0, 1, 1, 2]))]
+    # evictions: step 1 evicts 6 (used at 0), step 2 evicts 7 and 9 (used at 1), step 3 evicts 4 (used at 2), 3
+    evict, ep = np.array([6, 7, 9, 4, 3]), np.array([0, 0, 1, 3, 5])
+    got = last_uses(evict, ep, 10, sample_ptr, sample_blocks, ranks, direct=[(np.array([9]), np.array([0, 0, 1]))])
+    assert got.tolist() == [0, 1, 1, 2, -1]
 
 
 @settings(max_examples=150, deadline=None)
@@ -395,7 +400,7 @@ def test_batches_equal_h5py_and_reads_match_the_plan(comm, well, policy, frac, L
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("split", ["spread", "leader"])
+@pytest.mark.parametrize("split", ["need", "spread", "leader"])
 def test_resume_mid_plan_reads_what_is_resident(comm, well, split):
     layout, ref = well
     L = 2 if comm.size % 2 == 0 else 1
@@ -468,6 +473,79 @@ def test_a_slow_rank_slows_its_node_and_breaks_nothing(comm, well):
     slow = 0.05 if comm.rank == comm.size - 1 else 0.0
     batches, tot, _ = run_node(comm, layout, plan, cfg, slow=slow, prefetch=1)
     check_batches(batches, ref, plan.rank(comm.rank)["samples"])
+
+
+@pytest.mark.mpi
+def test_a_failed_read_of_blocks_another_rank_uses_is_never_assembled(comm):
+    """Rank 0's request for blocks rank 1 uses at a step writes garbage and fails while its other request of
+    that step is slow: rank 1 must end with PeerFailed without assembling that step from the garbage (SHARED
+    is published only for reads that succeeded)."""
+    import threading
+    from solar.buffer import node_place
+    from solar.buffer.steps import step_blocks
+    if comm.size != 2:
+        pytest.skip("two ranks on one node")
+    d = Demand.synthetic(120, 96, samples_per_block=3, blocks_per_sample=3)
+    cfg = PlanConfig(world_size=2, local_batch=4, epochs=2, buffer_bytes=int(d.block_nbytes.sum() * 0.3 / 2) + 192)
+    plan, _ = plan_nodes(d, cfg, NodeMap(2, 2), "solar-node")
+    theirs = plan.rank(1)
+
+    def used_by_1(g):
+        smp = theirs["samples"][theirs["samples_ptr"][g]:theirs["samples_ptr"][g + 1]]
+        return set(step_blocks(d.sample_ptr, np.asarray(d.sample_blocks, np.int64),
+                               np.asarray(smp, np.int64)).tolist())
+
+    state = {"g": -1, "booked": threading.Event(), "rest": False, "failed": None}
+    book = node_place.NodePlace.book
+
+    def booking(self, g, io):  # which step's requests the reader sees, and whether the step has a second one
+        state["g"], state["booked"], state["rest"] = g, threading.Event(), False
+        item = book(self, g, io)
+        state["rest"] = self._parts[g][1] is not None
+        state["booked"].set()
+        return item
+
+    class Reader:
+        name, collective = "failing", False
+
+        def read_blocks(self, blocks, out):
+            ids, g = np.asarray(blocks).tolist(), state["g"]
+            if comm.rank == 0 and state["failed"] is None and g >= 3 and set(ids) <= used_by_1(g) \
+                    and state["booked"].wait(5) and state["rest"]:
+                state["failed"] = g
+                for o in out:
+                    o[:] = 0xEE
+                raise OSError(f"injected failure at step {g}")
+            if comm.rank == 0 and state["failed"] is not None:
+                time.sleep(1.0)  # rank 0's other request of the step: slow
+            for b, o in zip(ids, out):
+                o[:] = pattern(b, o.shape[0])
+            return ReadStats(len(out), int(d.block_stored[np.asarray(blocks, np.int64)].sum()), len(out))
+
+    wrong = []
+
+    def assemble(g, samples, lookup):
+        wrong.extend((g, b) for b in lookup.blocks.tolist()
+                     if not np.array_equal(lookup(b), pattern(b, int(d.block_nbytes[b]))))
+        return g
+
+    node_place.NodePlace.book = booking
+    err = None
+    try:
+        with NodeBufferManager(plan, comm.rank, demand_dict(d), Reader(), assemble, comm=comm,
+                               budget=cfg.buffer_bytes, prefetch=2, io_depth=1, timeout=30) as mgr:
+            for g in range(plan.n_steps):
+                mgr.get(g)
+                time.sleep(0.005)
+    except NodeBufferError as exc:
+        err = exc
+    finally:
+        node_place.NodePlace.book = book
+    failed = comm.bcast(state["failed"], root=0)
+    assert failed is not None  # not vacuous: rank 0 failed a read of blocks rank 1 uses
+    assert err is not None and not wrong, (comm.rank, wrong[:3], err)
+    if comm.rank == 1:
+        assert isinstance(err, PeerFailed) and "injected failure" in str(err)
 
 
 def test_bad_arguments_are_refused_in_one_line(tmp_path):

@@ -216,8 +216,9 @@ class BufferManager:
                     ahead = self._may_read_ahead(g_book, booked)
                 if ahead and P.may_book(g_book, booked):
                     item = P.book(g_book, io)
-                    if item.fut is not None:  # a place that polls wakes as soon as its own reads are in
-                        item.fut.add_done_callback(self._wake)
+                    # a place that polls wakes as soon as its own reads are in
+                    for f in item.wakes or ((item.fut,) if item.fut is not None else ()):
+                        f.add_done_callback(self._wake)
                     booked.append(item)
                     g_book += 1
                     progressed = True

@@ -46,7 +46,7 @@ import numpy as np
 from ..errors import SolarError
 from ..memory import plan_node_memory
 from .node_pools import (DONE, FAILED, CLOSED, FLAG, READ, RECV, SHARED, NodeBufferError, SharedPools, assign_slots,
-                         check_node_memory, get_read_split, node_comm, node_uses)
+                         check_node_memory, get_read_split, last_uses, node_comm)
 from .steps import Booked, BufferTotals, StepBlocks, StepStats, read_outside, step_blocks
 from .warmup import resident_at
 
@@ -160,7 +160,7 @@ class NodePlace:
         # every local rank's samples per step (who needs which block at a step: the read split "need"); a plan
         # that holds this rank's alone (a later window of an open-ended plan) reads by "spread" instead
         try:
-            self.local_samples = [(np.asarray(r["samples"], np.int64), np.asarray(r["samples_ptr"], np.int64))
+            self.local_samples = [(np.asarray(r["samples"]), np.asarray(r["samples_ptr"], np.int64))
                                   for r in (plan.rank(q) for q in nodes.ranks_of(self.node))]
         except IndexError:
             self.local_samples = None
@@ -176,9 +176,10 @@ class NodePlace:
         self.slots2 = slots2
         # a pool slot is free once the node has assembled the last use of the block it held (known where the plan
         # holds every local rank's samples), else the step before its eviction
-        uses = None if self.local_samples is None else node_uses(
-            self.sample_ptr, self.sample_blocks, self.local_samples, self.lists["send"], self.lists["send_ptr"], G)
-        self.load_slot, after_main = assign_slots(self.class_of, slots2[:C], *main, uses=uses)
+        last = None if self.local_samples is None else last_uses(
+            main[2], main[3], B, self.sample_ptr, self.sample_blocks, self.local_samples,
+            [(self.lists["send"], self.lists["send_ptr"])])
+        self.load_slot, after_main = assign_slots(self.class_of, slots2[:C], *main, last_use=last)
         self.stage_slot, after_stage = assign_slots(self.class_of, slots2[C:], *self.stg, check_evict=False)
         self.after = np.maximum(after_main, after_stage)  # (G,)
         if self.start > 0:  # a resume: no slot is written before every rank's warm-up reads are in
@@ -222,8 +223,9 @@ class NodePlace:
         if comm is not None and comm.Get_size() > 1:
             # everything the shared slot layout depends on (ranks of a node that computed different slots would
             # read and write each other's blocks): the same on every rank, then the slots on every rank of a node
-            key = (self.start, self.stop, self.plan.identity(), self.read_split, self.prefetch, self.io_depth,
-                   int(self.memory.batches))
+            # (the split in effect: a plan without the other ranks' samples reads by "spread")
+            key = (self.start, self.stop, self.plan.identity(), (self.read_split, self.local_samples is not None),
+                   self.prefetch, self.io_depth, int(self.memory.batches))
             keys = comm.allgather((key, (tuple(int(x) for x in self.slots2), int(self.memory.window))))
             # every rank reaches the same verdict from the same list: all raise, or none
             _same([k for k, _ in keys], ("start", "stop", "plan", "read_split", "prefetch", "io_depth", "batch bytes"))
@@ -378,8 +380,10 @@ class NodePlace:
             if item.g <= self.pub_shared:
                 continue
             fs = self._parts[item.g][0]
-            if fs is not None and not fs.done():
-                break
+            if fs is not None:
+                if not fs.done():
+                    break
+                fs.result()  # a failed read raises here: never published as in
             self._publish_shared(item.g)
             progressed = True
         for item in booked:
@@ -612,7 +616,7 @@ class NodePlace:
         if self.xfer:
             recvs = self._post_transfers(g, st)
         self.booked_to = g + 1
-        return Booked(g, samples, blocks, st, fut, t0, recvs=recvs)
+        return Booked(g, samples, blocks, st, fut, t0, recvs=recvs, wakes=tuple(f for f in futs if f is not None))
 
     def _needs(self, j: int, g: int) -> np.ndarray:
         """int64[m] ascending: the blocks local rank j's samples use at step g."""

@@ -41,13 +41,12 @@ OK, NOT_RESIDENT, ALREADY_RESIDENT, NO_SLOT = 0, 1, 2, 3
 
 
 @nb.njit(nogil=True, cache=True)
-def _assign(load, load_ptr, evict, evict_ptr, class_of, slots, check_evict, use, use_ptr, slot_out, after_out, err):
+def _assign(load, load_ptr, evict, evict_ptr, class_of, slots, check_evict, used, slot_out, after_out, err):
     """FIFO slot assignment of a node's lists (see :func:`assign_slots`); ``err`` int64[3] out:
     (status, step, block or class)."""
     G = load_ptr.shape[0] - 1
-    by_use = use_ptr.shape[0] == G + 1
+    by_use = used.shape[0] == evict.shape[0]
     loaded_at = np.full(class_of.shape[0], -1, np.int64)  # (by_use) step of each resident block's load
-    used_at = np.full(class_of.shape[0], -1, np.int64)    # (by_use) step of each block's last use
     C = slots.shape[0]
     off = np.zeros(C + 1, np.int64)
     for c in range(C):
@@ -77,7 +76,7 @@ def _assign(load, load_ptr, evict, evict_ptr, class_of, slots, check_evict, use,
             q_slot[pos] = s
             # free once step g-1 is assembled everywhere; knowing the uses: once the block's last use (or its
             # load, unused) is
-            q_step[pos] = max(loaded_at[b], used_at[b]) + 1 if by_use else g
+            q_step[pos] = max(loaded_at[b], used[i]) + 1 if by_use else g
             count[c] += 1
         for i in range(load_ptr[g], load_ptr[g + 1]):
             b = load[i]
@@ -97,13 +96,10 @@ def _assign(load, load_ptr, evict, evict_ptr, class_of, slots, check_evict, use,
             if q_step[pos] - 1 > a:
                 a = q_step[pos] - 1
         after_out[g] = a
-        if by_use:
-            for i in range(use_ptr[g], use_ptr[g + 1]):
-                used_at[use[i]] = g
 
 
 def assign_slots(class_of: np.ndarray, slots: np.ndarray, load: np.ndarray, load_ptr: np.ndarray,
-                 evict: np.ndarray, evict_ptr: np.ndarray, check_evict: bool = True, uses=None):
+                 evict: np.ndarray, evict_ptr: np.ndarray, check_evict: bool = True, last_use=None):
     """``(slot int64[K], after int64[G])``: the slot of each entry of ``load`` and, per step, the
     last step whose assembly must be over on every rank of the node before that step's loads are
     written (-1: none).
@@ -115,10 +111,10 @@ def assign_slots(class_of: np.ndarray, slots: np.ndarray, load: np.ndarray, load
     ``after[g]`` = max(q - 1) over the slots step g's loads take.  ``check_evict=False`` ignores
     evictions of blocks that are not resident (staging lists that start mid-plan).
 
-    ``uses``: ``(use, use_ptr)``, the blocks the node uses at each step (every rank's samples' blocks and
-    the blocks it sends; CSR over G steps, repeats allowed), where known: a slot freed at step q is then
-    free once the evicted block's last use before q is assembled (or its load, if it was not used), which
-    is often long before q - 1, so reads run further ahead of the slowest rank.  A damaged plan
+    ``last_use``: int64[len(evict)], the last step before each eviction at which the node used the block
+    (:func:`last_uses`; -1: never), where known: a slot freed at step q is then free once that step is
+    assembled (or the block's load, if it was not used since), often long before q - 1, so reads run
+    further ahead of the slowest rank.  A damaged plan
     (evicting a block that is not resident, loading one that is) or too few slots raise
     :class:`NodeBufferError` naming the step.
     """
@@ -128,10 +124,10 @@ def assign_slots(class_of: np.ndarray, slots: np.ndarray, load: np.ndarray, load
     slot = np.full(load.shape[0], -1, dtype=np.int64)
     after = np.full(G, -1, dtype=np.int64)
     err = np.zeros(3, dtype=np.int64)
-    use, use_ptr = (np.zeros(0, np.int64), np.zeros(0, np.int64)) if uses is None else uses
+    used = np.full(0 if evict.shape[0] else 1, -1, np.int64) if last_use is None else last_use  # (not by use)
     _assign(load, np.ascontiguousarray(load_ptr, np.int64), evict, np.ascontiguousarray(evict_ptr, np.int64),
             np.ascontiguousarray(class_of, np.int64), np.ascontiguousarray(slots, np.int64), bool(check_evict),
-            np.ascontiguousarray(use, np.int64), np.ascontiguousarray(use_ptr, np.int64), slot, after, err)
+            np.ascontiguousarray(used, np.int64), slot, after, err)
     status, g, x = (int(v) for v in err)
     if status == NOT_RESIDENT:
         raise NodeBufferError(f"step {g}: the plan evicts block {x}, which is not resident (damaged plan?)")
@@ -143,29 +139,41 @@ def assign_slots(class_of: np.ndarray, slots: np.ndarray, load: np.ndarray, load
     return slot, after
 
 
-def node_uses(sample_ptr: np.ndarray, sample_blocks: np.ndarray, ranks: Sequence[tuple], send: np.ndarray,
-              send_ptr: np.ndarray, G: int):
-    """``(use int64[*], use_ptr int64[G+1])``: the blocks a node uses at each of steps 0..G-1, CSR, repeats
-    allowed: those of every rank's samples (``ranks``: ``(samples, samples_ptr)`` per rank of the node) and
-    the blocks it sends.  Pure."""
-    steps, blocks = [], []
-    for smp, ptr in ranks:
-        ptr = np.asarray(ptr, np.int64)
-        smp = np.asarray(smp, np.int64)[:int(ptr[G])]
-        step = np.repeat(np.arange(G, dtype=np.int64), np.diff(ptr[:G + 1]))
-        lo, n = sample_ptr[smp], sample_ptr[smp + 1] - sample_ptr[smp]
-        first = np.cumsum(n) - n  # each sample's first entry in the flat list
-        idx = np.repeat(lo - first, n) + np.arange(int(n.sum()), dtype=np.int64)
-        steps.append(np.repeat(step, n))
-        blocks.append(np.asarray(sample_blocks, np.int64)[idx])
-    send_ptr = np.asarray(send_ptr, np.int64)
-    steps.append(np.repeat(np.arange(G, dtype=np.int64), np.diff(send_ptr[:G + 1])))
-    blocks.append(np.asarray(send, np.int64)[:int(send_ptr[G])])
-    step, block = np.concatenate(steps), np.concatenate(blocks)
-    order = np.argsort(step, kind="stable")
-    ptr = np.zeros(G + 1, np.int64)
-    np.cumsum(np.bincount(step, minlength=G), out=ptr[1:])
-    return block[order], ptr
+@nb.njit(nogil=True, cache=True)
+def _last_uses(evict, evict_ptr, items, items_ptr, sample_ptr, sample_blocks, direct, used_at, out):
+    """Raise ``out[i]`` to the last step before eviction i at which ``items`` (per step: samples, whose blocks
+    ``sample_ptr``/``sample_blocks`` list; ``direct``: blocks) use the evicted block."""
+    G = evict_ptr.shape[0] - 1
+    used_at[:] = -1
+    for g in range(G):
+        for i in range(evict_ptr[g], evict_ptr[g + 1]):
+            if used_at[evict[i]] > out[i]:
+                out[i] = used_at[evict[i]]
+        if g + 1 < items_ptr.shape[0]:
+            for t in range(items_ptr[g], items_ptr[g + 1]):
+                x = items[t]
+                if direct:
+                    used_at[x] = g
+                else:
+                    for k in range(sample_ptr[x], sample_ptr[x + 1]):
+                        used_at[sample_blocks[k]] = g
+
+
+def last_uses(evict: np.ndarray, evict_ptr: np.ndarray, n_blocks: int, sample_ptr: np.ndarray,
+              sample_blocks: np.ndarray, ranks: Sequence[tuple] = (), direct: Sequence[tuple] = ()) -> np.ndarray:
+    """int64[len(evict)]: for each eviction (CSR over steps, a step evicting before anything is used), the
+    last step before it at which the node used the block (-1: never).  Uses: every ``(samples, samples_ptr)``
+    of ``ranks`` (a step's samples' blocks) and every ``(blocks, blocks_ptr)`` of ``direct`` (a node's sends,
+    say).  Pure; memory: the output and one int64 per block, whatever the plan's length."""
+    evict = np.ascontiguousarray(evict, np.int64)
+    evict_ptr = np.ascontiguousarray(evict_ptr, np.int64)
+    out = np.full(evict.shape[0], -1, np.int64)
+    used_at = np.empty(int(n_blocks), np.int64)
+    sp, sb = np.ascontiguousarray(sample_ptr, np.int64), np.ascontiguousarray(sample_blocks, np.int64)
+    for items, ptr, is_direct in [(a, p, False) for a, p in ranks] + [(a, p, True) for a, p in direct]:
+        _last_uses(evict, evict_ptr, np.ascontiguousarray(items), np.ascontiguousarray(ptr, np.int64), sp, sb,
+                   is_direct, used_at, out)
+    return out
 
 
 # ---------------------------------------------------------------- who reads what
