@@ -21,8 +21,9 @@ of n assembles its samples from n's pool and staging area.  At run time:
   blocks, not for each other's whole reads.  It writes step g's slots once every rank of its node has
   DONE >= ``after[g]`` (the slot assignment says when they are free: once the node has assembled the
   last use of the block a slot held, or its load if it was not used, where the plan holds every local
-  rank's samples; else the step before its eviction: :func:`~solar.buffer.node_pools.assign_slots`).  Waiting is polling with a backoff sleep (50 us .. 2
-  ms; a rank's own reads wake it at once), never a spin.
+  rank's samples; else the step before its eviction: :func:`~solar.buffer.node_pools.assign_slots`).
+  Waiting is polling with a backoff sleep (50 us .. 2 ms; a rank's own reads wake it at once), never a
+  spin.
 * **Transfers** (``solar-peer`` plans): local rank 0 of each node posts, when it books step g, a
   receive per block the node gets at g (into its staging slots), and once its node has read g, a
   send per block it gives at g (a copy of the slot: see :meth:`NodePlace.poll`), on a communicator of

@@ -282,7 +282,8 @@ def check_node_memory(m: NodeMemory, node: int, L: int) -> None:
 
 
 # ---------------------------------------------------------------- the window
-READ, DONE, FLAG, RECV, SHARED = range(HEADER_KINDS)  # each local rank's counters (the header's size: solar.memory.node)
+# each local rank's counters (the header's size: solar.memory.node)
+READ, DONE, FLAG, RECV, SHARED = range(HEADER_KINDS)
 RUNNING, FAILED, CLOSED = 0, 1, 2             # values of FLAG
 
 

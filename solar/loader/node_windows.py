@@ -24,19 +24,22 @@ from ..schedule.schedule import NodeRankPlan
 from .extend import WindowPlanner, WindowSlice
 
 
-def node_epoch_part(ep, rank: int, node: int) -> Dict[str, np.ndarray]:
+def node_epoch_part(ep, rank: int, node: int, peers=()) -> Dict[str, np.ndarray]:
     """Rank ``rank``'s samples and node ``node``'s lists in epoch plan ``ep`` (a recorded
     :class:`~solar.scheduler.node_plan.NodeEpochPlan` of S steps): ``samples`` int64[*] with ``samples_count``
     int64[S]; ``load``/``evict``/``stage``/``send``/``recv`` int64[*] with ``<name>_count`` int64[S];
     ``send_to``/``recv_from`` int64[*] (the other node of each transfer, in the plan's order); ``stats``
-    int64[S, 10]; ``n_transfers`` int64[1] (blocks sent between any nodes in the epoch).  Pure; the lists are
-    the ones the schedule writer stores for that rank and node."""
+    int64[S, 10]; ``n_transfers`` int64[1] (blocks sent between any nodes in the epoch); for each rank q of
+    ``peers``, its samples as ``peer<q>_samples`` and ``peer<q>_samples_count``.  Pure; the lists are the ones
+    the schedule writer stores for that rank and node."""
     P, Q = ep.nodes.world_size, ep.nodes.n_nodes
     S = ep.bounds.shape[0] - 1
     out = {}
     samples, scount = samples_rank_major(ep.indices, ep.bounds, ep.rank_of, P)  # int64[T], int64[P, S]
     starts = split_rows(scount)
     out["samples"], out["samples_count"] = samples[starts[rank]:starts[rank + 1]], scount[rank]
+    for q in peers:
+        out[f"peer{q}_samples"], out[f"peer{q}_samples_count"] = samples[starts[q]:starts[q + 1]], scount[q]
     for name in ("load", "evict", "stage"):
         arr, cnt = csr_rank_major(getattr(ep, name + "_ptr"), getattr(ep, name), S, Q)  # node-major
         starts = split_rows(cnt)
@@ -87,14 +90,8 @@ class NodeWindowPlanner(WindowPlanner):
 
     def _keep(self, ep, parts: Dict[str, list]):
         """Append this rank's samples and its node's lists of node epoch plan ``ep`` to ``parts``."""
-        for name, arr in node_epoch_part(ep, self.rank, self.node).items():
+        for name, arr in node_epoch_part(ep, self.rank, self.node, self.peers).items():
             parts[name].append(arr)
-        if self.peers:
-            samples, scount = samples_rank_major(ep.indices, ep.bounds, ep.rank_of, ep.nodes.world_size)
-            starts = split_rows(scount)
-            for q in self.peers:
-                parts[f"peer{q}_samples"].append(samples[starts[q]:starts[q + 1]])
-                parts[f"peer{q}_samples_count"].append(scount[q])
 
     def rank_plan(self, w: int) -> NodeRankPlan:
         """This rank's node plan of window ``w`` (planned first if need be) over global steps
