@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One prepared check of solar on a GPU machine with no network, in about 5 minutes on 16 cores.
 #
-#   benchmarks/gpu_check.sh OUTDIR [SECTION ...]      (sections: basics, cores, bench, conv, resident, nodes;
-#                                                          default basics cores)
+#   benchmarks/gpu_check.sh OUTDIR [SECTION ...]      (sections: basics, cores, bench, conv, resident, nodes,
+#                                                          depth; default basics cores)
 #
 # It generates the data, trains the examples on CUDA, runs `solar bench --device cuda` cold, and writes
 # into OUTDIR (what comes back from such a machine: 8 files at most, so few and named):
@@ -24,6 +24,7 @@
 #            and each tier's samples/s to the GPU at f=1.0 and 0.5; device-buffer.json)
 #   bench    the `solar bench` steps of both sections alone (bench-conv, bench-resident): a rerun
 #   conv     the cold `solar bench --device cuda --model conv` of basics alone (bench-conv)
+#   depth    issue 24: that bench, solar alone, with --threads 16 and 64 (reads in flight; depth.json)
 #   resident the all-resident `solar bench` pair alone (bench-resident)
 #   nodes    issue 25: SOLAR_GPU_RANKS (8) ranks on the node, cold, the node pool (the default) against a buffer
 #            per rank (--no-node-pool), on the contiguous file (with every baseline) and on a gzip one
@@ -284,6 +285,29 @@ for k in ('contiguous-node', 'contiguous-rank', 'gzip-node', 'gzip-rank', 'gzip-
 json.dump(out, open(sys.argv[2], 'w'), indent=1)" "$WORK" "$OUT/nodes.json"
 }
 
+# issue 24: one rank's misses with more requests in flight (the default --threads 16 against 64), cold, f=0.5,
+# solar alone; the H200's disk read best at depth 64 and epochs 1-2 read misses at 0.60-0.64 of that limit
+depth() {
+    [ -n "$MPIEXEC" ] || return 0
+    local t
+    for t in 16 64; do
+        STDOUT=$WORK/depth-$t.json run depth-$t 60 "$MPIEXEC" --bind-to none -n 1 "${SOLAR[@]}" bench "$D" -b "$B" \
+            --epochs 3 --device "$DEVICE" --model conv --only solar --cold --threads "$t" --json --no-progress
+    done
+    "$PY" -c "import json, os, sys
+sys.path.insert(0, 'benchmarks')
+from gpu_summary import parse_report
+out = {}
+for t in ('16', '64'):
+    p = os.path.join(sys.argv[1], 'depth-' + t + '.json')
+    if os.path.exists(p) and os.path.getsize(p):
+        try:
+            out[t] = parse_report(open(p, errors='replace').read())
+        except ValueError:
+            out[t] = {'raw': open(p, errors='replace').read()}
+json.dump(out, open(sys.argv[2], 'w'), indent=1)" "$WORK" "$OUT/depth.json"
+}
+
 # the cold `solar bench --model conv` of section basics alone
 bench_conv() {
     [ -n "$MPIEXEC" ] || return 0
@@ -298,9 +322,10 @@ for s in $SECTIONS; do
         cores) cores ;;
         bench) bench_conv; bench_resident ;;
         conv) bench_conv ;;
+        depth) depth ;;
         resident) bench_resident ;;
         nodes) nodes ;;
-        *) say "unknown section $s (sections: basics cores bench conv resident nodes)" ;;
+        *) say "unknown section $s (sections: basics cores bench conv resident nodes depth)" ;;
     esac
 done
 
