@@ -251,8 +251,9 @@ cores() {
 # ------------------------------------------------------------------ issue 25: nodes
 # R ranks on this one node (SOLAR_GPU_RANKS, default 8), cold: the contiguous file with every baseline and the
 # default node pool, then solar alone with --no-node-pool; a gzip file of half the samples (4 a chunk), solar
-# alone three ways (also --ranks-per-node 1).  The five reports go into one file, nodes.json (8 files at most
-# come back from the machine); summary.json keeps their figures
+# alone three ways (also --ranks-per-node 1); the contiguous file with every loader under --equal-memory.  The six
+# reports go into one file, nodes.json (8 files at most come back from the machine); summary.json keeps their
+# figures
 nodes() {
     [ -n "$MPIEXEC" ] || return 0
     local R=${SOLAR_GPU_RANKS:-8} G=$WORK/ptycho-gzip
@@ -268,13 +269,17 @@ nodes() {
     STDOUT=$WORK/nodes-gzip-rank.json run nodes-gzip-rank 60 "${bench[@]}" "$G" --only solar --no-node-pool
     # issue 25's own comparison: a node plan of one rank a node
     STDOUT=$WORK/nodes-gzip-rpn1.json run nodes-gzip-rpn1 60 "${bench[@]}" "$G" --only solar --ranks-per-node 1
-    # the five reports in one file (nodes.json: {"contiguous-node": report, ...}; a command's output that is no
+    # the contiguous file again with every loader under the same memory (a cgroup counting the page cache, which
+    # memmap's readahead otherwise has without limit); ends at once with a clear error where cgroups are missing
+    STDOUT=$WORK/nodes-contiguous-eqmem.json run nodes-contiguous-eqmem 120 "${bench[@]}" "$D" \
+        --baseline-time-limit 15 --equal-memory
+    # the six reports in one file (nodes.json: {"contiguous-node": report, ...}; a command's output that is no
     # report is kept as {"raw": its text})
     "$PY" -c "import json, os, sys
 sys.path.insert(0, 'benchmarks')
 from gpu_summary import parse_report
 out = {}
-for k in ('contiguous-node', 'contiguous-rank', 'gzip-node', 'gzip-rank', 'gzip-rpn1'):
+for k in ('contiguous-node', 'contiguous-rank', 'gzip-node', 'gzip-rank', 'gzip-rpn1', 'contiguous-eqmem'):
     p = os.path.join(sys.argv[1], 'nodes-' + k + '.json')
     if os.path.exists(p) and os.path.getsize(p):
         text = open(p, errors='replace').read()
