@@ -216,8 +216,7 @@ class BufferManager:
                     ahead = self._may_read_ahead(g_book, booked)
                 if ahead and P.may_book(g_book, booked):
                     item = P.book(g_book, io)
-                    # a place that polls wakes as soon as its own reads are in
-                    for f in item.wakes or ((item.fut,) if item.fut is not None else ()):
+                    for f in item.wakes:  # a place that polls wakes as soon as its own reads are in
                         f.add_done_callback(self._wake)
                     booked.append(item)
                     g_book += 1

@@ -550,7 +550,7 @@ class NodePlace:
         samples = self.samples[sp[g]:sp[g + 1]]
         st = NodeStepStats(g, samples=int(samples.shape[0]))
         # where each block this rank's samples need lives: pool (class c), staging (class C + c)
-        need = step_blocks(self.sample_ptr, self.sample_blocks, samples) if samples.size else np.zeros(0, np.int64)
+        need = step_blocks(self.sample_ptr, self.sample_blocks, samples)
         slot, cls = self.slot_of[need], self.class_of[need].astype(np.int64)
         staged = slot < 0
         slot = np.where(staged, self.sslot_of[need], slot)
@@ -573,9 +573,7 @@ class NodePlace:
         order = np.argsort(r_blocks, kind="stable")
         rb = r_blocks[order]
         # who reads what (the read split), the same on every rank of the node: it needs every local rank's blocks
-        needs = [need if j == self.local else self._needs(j, g) for j in range(self.L)] \
-            if self.local_samples is not None else [need if j == self.local else np.zeros(0, np.int64)
-                                                    for j in range(self.L)]
+        needs = [need if j == self.local else self._needs(j, g) for j in range(self.L)]
         owner = self.owners(rb, self.block_stored[rb], needs, self.L)
         self.loaded_by[rb], self.loaded_at[rb] = owner, g
         # what this rank's samples wait for: blocks other local ranks read at g (their SHARED >= g) or before
@@ -621,10 +619,12 @@ class NodePlace:
         return Booked(g, samples, blocks, st, fut, t0, recvs=recvs, wakes=tuple(f for f in futs if f is not None))
 
     def _needs(self, j: int, g: int) -> np.ndarray:
-        """int64[m] ascending: the blocks local rank j's samples use at step g."""
+        """int64[m] ascending: the blocks local rank j's samples use at step g (none where the plan does not
+        hold rank j's samples)."""
+        if self.local_samples is None:
+            return np.zeros(0, np.int64)
         smp, ptr = self.local_samples[j]
-        samples = smp[ptr[g]:ptr[g + 1]]
-        return step_blocks(self.sample_ptr, self.sample_blocks, samples) if samples.size else np.zeros(0, np.int64)
+        return step_blocks(self.sample_ptr, self.sample_blocks, smp[ptr[g]:ptr[g + 1]])
 
     def _post_transfers(self, g: int, st: NodeStepStats) -> list:
         """Local rank 0: post the receives of step g (into staging slots) and note its sends (posted

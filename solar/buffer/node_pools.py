@@ -41,11 +41,10 @@ OK, NOT_RESIDENT, ALREADY_RESIDENT, NO_SLOT = 0, 1, 2, 3
 
 
 @nb.njit(nogil=True, cache=True)
-def _assign(load, load_ptr, evict, evict_ptr, class_of, slots, check_evict, used, slot_out, after_out, err):
+def _assign(load, load_ptr, evict, evict_ptr, class_of, slots, check_evict, by_use, used, slot_out, after_out, err):
     """FIFO slot assignment of a node's lists (see :func:`assign_slots`); ``err`` int64[3] out:
     (status, step, block or class)."""
     G = load_ptr.shape[0] - 1
-    by_use = used.shape[0] == evict.shape[0]
     loaded_at = np.full(class_of.shape[0], -1, np.int64)  # (by_use) step of each resident block's load
     C = slots.shape[0]
     off = np.zeros(C + 1, np.int64)
@@ -124,10 +123,12 @@ def assign_slots(class_of: np.ndarray, slots: np.ndarray, load: np.ndarray, load
     slot = np.full(load.shape[0], -1, dtype=np.int64)
     after = np.full(G, -1, dtype=np.int64)
     err = np.zeros(3, dtype=np.int64)
-    used = np.full(0 if evict.shape[0] else 1, -1, np.int64) if last_use is None else last_use  # (not by use)
+    used = np.zeros(0, np.int64) if last_use is None else np.ascontiguousarray(last_use, np.int64)
+    if last_use is not None and used.shape != evict.shape:
+        raise ValueError(f"last_use has {used.shape[0]} entries for {evict.shape[0]} evictions")
     _assign(load, np.ascontiguousarray(load_ptr, np.int64), evict, np.ascontiguousarray(evict_ptr, np.int64),
             np.ascontiguousarray(class_of, np.int64), np.ascontiguousarray(slots, np.int64), bool(check_evict),
-            np.ascontiguousarray(used, np.int64), slot, after, err)
+            last_use is not None, used, slot, after, err)
     status, g, x = (int(v) for v in err)
     if status == NOT_RESIDENT:
         raise NodeBufferError(f"step {g}: the plan evicts block {x}, which is not resident (damaged plan?)")

@@ -80,7 +80,7 @@ class Booked:
     t0: float
     pending: Any = None          # device pools: the staged reads to copy into their slots (commit)
     recvs: list = field(default_factory=list)  # node pools: receive requests (local rank 0)
-    wakes: tuple = ()            # futures whose completion wakes a place that polls (default: fut)
+    wakes: tuple = ()            # node pools: the reads whose completion wakes the polling prefetch thread
 
 
 def step_blocks(sample_ptr: np.ndarray, sample_blocks: np.ndarray, samples: np.ndarray) -> np.ndarray:
