@@ -18,7 +18,8 @@ of n assembles its samples from n's pool and staging area.  At run time:
   are in, every rank that read a block it uses at g has SHARED >= g, and every rank that read one of its
   blocks at an earlier step g' has READ >= g' (every rank records who read each block, and when: all book
   the same steps): with the ``need`` split, ranks wait for each other only where their samples share
-  blocks, not for each other's whole reads.  It writes step g's slots once every rank of its node has
+  blocks, not for each other's whole reads (local rank 0 of a plan with transfers also waits until it has
+  posted the node's sends of g, which need the whole node's reads of g).  It writes step g's slots once every rank of its node has
   DONE >= ``after[g]`` (the slot assignment says when they are free: once the node has assembled the
   last use of the block a slot held, or its load if it was not used, where the plan holds every local
   rank's samples; else the step before its eviction: :func:`~solar.buffer.node_pools.assign_slots`).
@@ -460,6 +461,8 @@ class NodePlace:
         g = item.g
         if g > self.pub_read or g > self.recvd:
             return False
+        if self.xfer and g >= self._send_next:  # local rank 0: the node's sends of g posted first, so that a
+            return False                         # consumer that took g and closes leaves none of them unsent
         dep_read, dep_shared = self._parts[g][2:]
         return bool((self.reads >= dep_read).all() and (self.shareds >= dep_shared).all())
 
