@@ -452,6 +452,48 @@ def test_memory_cgroup_limits_the_page_cache(tmp_path):
     assert not os.path.exists(cg.path)
 
 
+def test_memory_cgroup_base_counts_processes_not_the_page_cache(tmp_path):
+    """A loader's base (what its processes hold as they start) counts their anonymous memory, not the file
+    pages they read; the limit is lifted (None) and set again around it."""
+    _cgroup_or_skip()
+    path = _write(tmp_path / "big.bin", 64 * MIB)
+    drop_file_cache([path])
+    cg = memlimit.MemoryCgroup.create(f"solar-test-{os.getpid()}", None)
+    try:
+        assert cg.read_limit() > 1 << 50 or cg.read_limit() == -1  # no limit yet
+        code = ("import os, sys; open(os.path.join(sys.argv[1], 'cgroup.procs'), 'w').write(str(os.getpid()));"
+                "f = open(sys.argv[2], 'rb')\nwhile f.read(1 << 20): pass\n"
+                "a = bytearray(48 << 20); sys.stdout.write('up\\n'); sys.stdout.flush(); sys.stdin.read()")
+        proc = subprocess.Popen([sys.executable, "-c", code, cg.path, path], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True)
+        try:
+            assert proc.stdout.readline() == "up\n"
+            assert cached_fraction(path) > 0.9  # the file's pages are charged to the cgroup ...
+            base = cg.base_bytes()
+            assert 48 * MIB <= base < 48 * MIB + 40 * MIB  # ... but the base is the process's memory
+            cg.set_limit(base + 32 * MIB)
+            assert cg.read_limit() >= base + 32 * MIB and cg.limit_bytes == cg.read_limit()
+            cg.set_limit(None)
+            assert cg.read_limit() > 1 << 50 or cg.read_limit() == -1
+        finally:
+            proc.communicate("")
+    finally:
+        cg.remove(None)
+    with pytest.raises(SolarError, match="at least 16 MiB"):
+        memlimit.MemoryCgroup(cg.path, cg.limit_file, cg.method, -1).set_limit(1 << 20)
+
+
+def test_a_worker_in_the_cgroup_is_the_first_the_kernel_kills():
+    """Under the limit the OOM killer takes a DataLoader worker (its baseline fails, reported) before a rank
+    (which would end the job)."""
+    if not os.path.exists("/proc/self/oom_score_adj"):
+        pytest.skip("no /proc/self/oom_score_adj here")
+    code = ("import sys; from solar.bench import memlimit; d = memlimit.current_dir();"
+            "memlimit.check_worker_in(d, 'memory.limit_in_bytes', 0); print(open('/proc/self/oom_score_adj').read())")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    assert out.strip() == "1000"
+
+
 def test_memory_cgroup_refuses_clearly(tmp_path, monkeypatch):
     monkeypatch.setattr(memlimit, "MOUNTINFO", str(tmp_path / "no-mountinfo"))
     monkeypatch.setattr(os, "geteuid", lambda: 0)

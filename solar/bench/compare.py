@@ -317,8 +317,9 @@ def _node_comm(comm):
     return comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
 
 
-def _enter_cgroup(comm, limit_per_node, node) -> tuple:
-    """Make one memory cgroup per node (node rank 0) and move every rank in: ``(cgroup, dir to go back to)``.
+def _enter_cgroup(comm, node) -> tuple:
+    """Make one memory cgroup per node (node rank 0; no limit until :func:`_limit_loader`) and move every
+    rank in: ``(cgroup, dir to go back to)``.
 
     Collective; a failure on any rank raises the same :class:`SolarError` on every rank.
     """
@@ -327,7 +328,7 @@ def _enter_cgroup(comm, limit_per_node, node) -> tuple:
     made, err = None, None
     if node.rank == 0:
         try:
-            made = MemoryCgroup.create(f"solar-bench-{os.getpid()}", int(limit_per_node))
+            made = MemoryCgroup.create(f"solar-bench-{os.getpid()}", None)
         except SolarError as exc:
             err = str(exc)
     made = node.bcast(made, root=0)
@@ -357,8 +358,48 @@ def _leave_cgroup(cg, back, node):
 
 
 def _limit(node, budget: int, allowance: int) -> int:
-    """Bytes of one node's memory limit: the sum of its ranks' buffer budgets (``budget`` each) plus ``allowance``."""
+    """Bytes of one node's memory for data: the sum of its ranks' buffer budgets (``budget`` each) plus
+    ``allowance``."""
     return node.allreduce(int(budget)) + int(allowance)
+
+
+def _limit_loader(cg, node, comm, data_bytes: int) -> Optional[dict]:
+    """Limit each node's cgroup to what its processes hold now (the loader's base: started, nothing read
+    yet) plus ``data_bytes``: ``{"memory_base_bytes", "memory_cgroup_limit_bytes"}`` (the largest over the
+    nodes), None without a cgroup.  Collective over ``comm`` (call it when this rank's loader is up); an
+    error on any node raises the same :class:`SolarError` on every rank."""
+    if cg is None:
+        return None
+    from ..errors import SolarError
+    from ..mpi import sleep_barrier
+    sleep_barrier(node)  # every rank of the node has its processes up
+    got, err = None, None
+    if node.rank == 0:
+        try:
+            base = cg.base_bytes()
+            cg.set_limit(int(base + data_bytes))
+            got = (base, cg.limit_bytes)
+        except (OSError, SolarError) as exc:
+            err = f"--equal-memory: cannot limit {cg.path}: {exc}"
+    every = comm.allgather((got, err))
+    errs = [e for _, e in every if e]
+    if errs:
+        raise SolarError(errs[0])
+    sleep_barrier(node)  # no rank reads before its node's limit holds
+    got = [g for g, _ in every if g]
+    return {"memory_base_bytes": max(g[0] for g in got), "memory_cgroup_limit_bytes": max(g[1] for g in got)}
+
+
+def _unlimit(cg, node):
+    """Lift the node's cgroup limit once every rank of the node is done with a loader (the next one starts
+    its processes without a limit).  Collective over ``node``."""
+    if cg is None:
+        return
+    from ..mpi import sleep_barrier
+    sleep_barrier(node)
+    if node.rank == 0:
+        cg.set_limit(None)
+    sleep_barrier(node)
 
 
 def _peak(cg, node, comm):
@@ -395,10 +436,11 @@ def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fra
     ``loaders``: ``"solar"`` and/or ``"baseline"`` (every baseline in ``baselines``,
     default all of :data:`~solar.bench.baseline.BASELINES`; one that does not apply to
     the layout is recorded with its skip reason).  ``equal_memory``: run every loader in
-    a memory cgroup per node limited to the node's solar buffers plus
-    ``memory_allowance`` (default :data:`~solar.bench.memlimit.ALLOWANCE_BYTES`); the ranks
-    join it before any DataLoader starts, so the workers' forkserver starts inside it, and
-    each worker checks that it is inside (a forkserver this process started earlier would not be).
+    a memory cgroup per node, each loader limited to its processes' own memory once they are up (its
+    base, before it reads) plus the node's solar buffers plus ``memory_allowance`` (default
+    :data:`~solar.bench.memlimit.ALLOWANCE_BYTES`); the ranks join it before any DataLoader starts, so
+    the workers' forkserver starts inside it, and each worker checks that it is inside (a forkserver this
+    process started earlier would not be).
     ``disk_depth``: random reads in flight for the disk's limit.
     ``abort_on_error=False``: SolarLoader leaves an error on one rank to the caller (no MPI abort).
     ``reader_options``: passed to solar's reader (e.g. ``{"direct_io": True}``).
@@ -487,12 +529,16 @@ def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fra
             else:  # a node plan: the node's limit shared by its ranks
                 L = sch.nodes.ranks_per_node
                 budget = int(schedule_node_memory(sch, comm.rank // L, layout, prefetch=prefetch).limit) // L
+        data_bytes = None
         if equal_memory:
-            cg, back = _enter_cgroup(comm, _limit(node, budget, allowance), node)
-            report["memory_limit_bytes"] = cg.limit_bytes
+            data_bytes = _limit(node, budget, allowance)
+            cg, back = _enter_cgroup(comm, node)
+            report["memory_limit_bytes"] = data_bytes
             report["memory_allowance_bytes"] = allowance
-            report["memory_method"] = f"{cg.description}, one per node: the node's solar buffers + allowance " \
-                                      f"{allowance:,} bytes; every loader and its workers run inside it"
+            report["memory_method"] = f"{cg.description}, one per node, each loader and its workers inside it, " \
+                                      f"limited to their own memory once started (memory_base_bytes, before " \
+                                      f"any read) + {data_bytes:,} bytes: the node's solar buffers + allowance " \
+                                      f"{allowance:,} bytes"
         else:
             report["memory_limit_bytes"] = None
             report["memory_method"] = "none: memory not limited (the page cache may hold the whole dataset)"
@@ -501,7 +547,7 @@ def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fra
                      threads=threads, prefetch=prefetch, num_workers=num_workers, progress=progress,
                      abort_on_error=abort_on_error, loaders=loaders, baselines=baselines, budget=budget,
                      time_limit=baseline_time_limit, reader_options=reader_options, disk_depth=disk_depth,
-                     consume=consume, log=log, loader_options=loader_options)
+                     consume=consume, log=log, loader_options=loader_options, data_bytes=data_bytes)
     finally:
         if cg is not None:
             _leave_cgroup(cg, back, node)
@@ -537,14 +583,18 @@ def _consumer(step, spec, layout, local_batch: int, local_rank: int):
 def _run_loaders(report, spec, layout, schedule, *, comm, node, cg, epochs, local_batch, seed, step_time, drop,
                  reader, threads, prefetch, num_workers, progress, abort_on_error, loaders, baselines, budget,
                  time_limit=None, reader_options=None, disk_depth=16, consume=None, log=None,
-                 loader_options=None):
+                 loader_options=None, data_bytes=None):
     """Run solar and each baseline in turn, filling ``report["solar"]``, ``["baselines"]``, ``["baseline"]``;
-    ``log`` gets a line as each loader and each of its epochs starts, and each loader's samples/s."""
+    ``log`` gets a line as each loader and each of its epochs starts, and each loader's samples/s.  With a
+    cgroup ``cg``, each loader runs limited to its base plus ``data_bytes`` (:func:`_limit_loader`): solar's
+    base is taken before its loader allocates a buffer, a baseline's once its workers are up, right
+    before its first epoch."""
     import functools
 
     from .baseline import BaselineFailed, run_baseline, skip_reason
     from .memlimit import check_worker_in
     if "solar" in loaders:
+        limited = _limit_loader(cg, node, comm, data_bytes)
         _reset_peak(cg, node)
         from ..mpi import root_call
         _say(log, f"solar: {epochs} epoch(s)")
@@ -554,6 +604,8 @@ def _run_loaders(report, spec, layout, schedule, *, comm, node, cg, epochs, loca
                                     probe=lambda: root_call(comm, lambda: measure_random(layout, disk_depth)),
                                     consume=consume, log=log, loader_options=loader_options)
         report["solar"]["memory_peak_bytes"] = _peak(cg, node, comm)
+        report["solar"].update(limited or {})
+        _unlimit(cg, node)
     if "baseline" not in loaders:
         return
     report["baselines"] = {}
@@ -564,31 +616,51 @@ def _run_loaders(report, spec, layout, schedule, *, comm, node, cg, epochs, loca
             report["baselines"][kind] = {"skipped": why}
             _say(log, f"baseline {kind}: skipped ({why})")
             continue
-        _reset_peak(cg, node)
         limit = f", each stopped after {time_limit:g} s" if time_limit else ""
         _say(log, f"baseline {kind}: {num_workers} DataLoader worker(s) per rank, {epochs} epoch(s){limit}")
+        limited = {}
         try:
             eps = run_baseline(spec, comm=comm, local_batch=local_batch, epochs=epochs, seed=seed,
-                               num_workers=num_workers, step_time=step_time, drop_cache=_epoch_lines(drop, kind,
-                                                                                                    epochs, log),
+                               num_workers=num_workers, step_time=step_time,
+                               drop_cache=_limit_first(_epoch_lines(drop, kind, epochs, log), limited, cg,
+                                                       node, comm, data_bytes),
                                progress=progress, kind=kind, memory_bytes=budget, worker_init_fn=init,
                                verify=VERIFY, time_limit=time_limit, consume=consume)
         except BaselineFailed as exc:  # e.g. its workers outgrew the --equal-memory limit: say so, go on
             report["baselines"][kind] = {"failed": str(exc) + (" (killed under the memory limit?)" if cg else ""),
-                                         "memory_peak_bytes": _peak(cg, node, comm)}
+                                         "memory_peak_bytes": _peak(cg, node, comm), **limited}
+            _unlimit(cg, node)
             _say(log, f"baseline {kind}: failed ({report['baselines'][kind]['failed']})")
             continue
+        _unlimit(cg, node)
         _say(log, f"baseline {kind}: " + ", ".join(f"{e['samples_per_s']:.1f}" + ("*" if e.get("partial") else "")
                                                    for e in eps) + " samples/s per epoch"
              + (" (*: stopped at the time limit)" if any(e.get("partial") for e in eps) else ""))
         report["baselines"][kind] = {"num_workers": num_workers, "epochs": eps,
                                      "samples_per_s": [e["samples_per_s"] for e in eps],
                                      "au": [e["au"] for e in eps],
-                                     "memory_peak_bytes": _peak(cg, node, comm)}
+                                     "memory_peak_bytes": _peak(cg, node, comm), **limited}
         if kind == "h5py-cache":
             report["baselines"][kind]["chunk_cache_bytes_per_rank"] = budget
     if "torch" in report["baselines"] and "epochs" in report["baselines"]["torch"]:
         report["baseline"] = report["baselines"]["torch"]
+
+
+def _limit_first(drop, limited: dict, cg, node, comm, data_bytes):
+    """``drop`` (called by :func:`~solar.bench.baseline.run_baseline` on every rank right before each epoch)
+    that first, before the first epoch (workers up, nothing timed read yet), limits the cgroup for this
+    loader (:func:`_limit_loader`; what it returns goes into ``limited``)."""
+    if cg is None:
+        return drop
+    first = [True]
+
+    def limit_then_drop():
+        if first[0]:
+            first[0] = False
+            limited.update(_limit_loader(cg, node, comm, data_bytes))
+            _reset_peak(cg, node)
+        return drop() if drop is not None else None
+    return limit_then_drop
 
 
 def _epoch_lines(drop, kind: str, epochs: int, log):

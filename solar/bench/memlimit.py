@@ -8,6 +8,13 @@ at the hierarchy's root when the own cgroup cannot delegate the controller), the
 ranks of the node move into it, and children they start (DataLoader workers)
 inherit it.  Root only; anything that keeps the limit from being enforced raises
 :class:`~solar.errors.SolarError` with one line saying why.
+
+Each loader gets its own limit, set once its processes are up and before it reads
+(:meth:`MemoryCgroup.base_bytes`: what the cgroup holds then, file pages not
+counted): that base, plus the node's solar buffers, plus :data:`ALLOWANCE_BYTES`.
+A loader's processes themselves (interpreters, torch in every DataLoader worker)
+are thus not memory for data, which the limit is about; between loaders the
+cgroup is unlimited, so the next loader's start-up is never what hits the limit.
 """
 from __future__ import annotations
 
@@ -18,9 +25,12 @@ from typing import Optional, Tuple
 
 from ..errors import SolarError
 
-#: Memory allowed on top of solar's buffers, per node: interpreters, torch, h5py,
-#: MPI, numba, DataLoader workers' own heaps, a batch in flight (bytes).
-ALLOWANCE_BYTES = 1 << 30
+#: Memory allowed per node on top of a loader's processes as they start (their base) and solar's buffers:
+#: what the processes' heaps grow by while they run (bytes).  Page cache within it is data memory a
+#: baseline gets beyond solar's, so it is kept small.
+ALLOWANCE_BYTES = 256 << 20
+#: What a cgroup v1 reads as its limit when none is set (``-1`` written); v2 reads ``max``.
+UNLIMITED = -1
 MOUNTINFO = "/proc/self/mountinfo"
 PROC_CGROUP = "/proc/self/cgroup"
 
@@ -94,44 +104,82 @@ def _write(path: str, text: str):
 class MemoryCgroup:
     """One memory cgroup with a hard limit (bytes, page cache counted).
 
-    ``MemoryCgroup.create(name, limit)`` makes it (node rank 0; the limit rounded up to whole pages); ``join()`` moves this
-    process in (every rank); ``leave(back)`` moves it back; ``remove(back)`` moves every
-    process left (e.g. a forkserver) to ``back`` and deletes the cgroup.
+    ``MemoryCgroup.create(name, limit)`` makes it (node rank 0; the limit rounded up to whole pages, None for
+    none yet); ``set_limit(bytes)`` changes it (None: unlimited); ``join()`` moves this process in (every
+    rank); ``leave(back)`` moves it back; ``remove(back)`` moves every process left (e.g. a forkserver) to
+    ``back`` and deletes the cgroup.
     """
 
     def __init__(self, path: str, limit_file: str, method: str, limit_bytes: int):
         self.path, self.limit_file, self.method, self.limit_bytes = path, limit_file, method, int(limit_bytes)
 
     @classmethod
-    def create(cls, name: str, limit_bytes: int) -> "MemoryCgroup":
-        if not isinstance(limit_bytes, int) or limit_bytes < (16 << 20):
-            raise SolarError(f"--equal-memory: limit must be at least 16 MiB, got {limit_bytes!r} bytes")
-        page = os.sysconf("SC_PAGE_SIZE")
-        limit_bytes = -(-limit_bytes // page) * page  # the kernel keeps whole pages
+    def create(cls, name: str, limit_bytes: Optional[int]) -> "MemoryCgroup":
         path, limit_file, method = locate(name)
         try:
             os.mkdir(path)
         except OSError as exc:
             raise SolarError(f"--equal-memory: cannot create the memory cgroup {path}: {exc.strerror}") from None
-        cg = cls(path, limit_file, method, limit_bytes)
+        cg = cls(path, limit_file, method, UNLIMITED)
         try:
-            _write(os.path.join(path, limit_file), f"{limit_bytes}\n")
-            if cg.read_limit() != limit_bytes:
-                raise SolarError(f"--equal-memory: {path}/{limit_file} reads {cg.read_limit()} after writing "
-                                 f"{limit_bytes}: the limit is not enforced as asked")
+            cg.set_limit(limit_bytes)
         except BaseException:
             cg.remove(None)
             raise
         return cg
 
+    def set_limit(self, limit_bytes: Optional[int]):
+        """Limit the cgroup to ``limit_bytes`` (rounded up to whole pages; at least 16 MiB), or lift the
+        limit (None).  Raises :class:`SolarError` when the kernel does not take it as asked (e.g. a limit
+        below what the cgroup holds and cannot reclaim)."""
+        if limit_bytes is None:
+            _write(os.path.join(self.path, self.limit_file), "-1\n" if self._v1 else "max\n")
+            self.limit_bytes = UNLIMITED
+            return
+        if not isinstance(limit_bytes, int) or isinstance(limit_bytes, bool) or limit_bytes < (16 << 20):
+            raise SolarError(f"--equal-memory: limit must be at least 16 MiB, got {limit_bytes!r} bytes")
+        page = os.sysconf("SC_PAGE_SIZE")
+        limit_bytes = -(-limit_bytes // page) * page  # the kernel keeps whole pages
+        _write(os.path.join(self.path, self.limit_file), f"{limit_bytes}\n")
+        if self.read_limit() != limit_bytes:
+            raise SolarError(f"--equal-memory: {self.path}/{self.limit_file} reads {self.read_limit()} after "
+                             f"writing {limit_bytes}: the limit is not enforced as asked")
+        self.limit_bytes = limit_bytes
+
+    @property
+    def _v1(self) -> bool:
+        return self.limit_file == "memory.limit_in_bytes"
+
     @property
     def description(self) -> str:
-        return f"{self.method} = {self.limit_bytes:,} bytes on {self.path} (page cache counted)"
+        return f"{self.method} on {self.path} (page cache counted)"
 
     def read_limit(self) -> int:
         with open(os.path.join(self.path, self.limit_file)) as fh:
             text = fh.read().strip()
         return -1 if text == "max" else int(text)
+
+    def _stat(self) -> dict:
+        out = {}
+        try:
+            with open(os.path.join(self.path, "memory.stat")) as fh:
+                for line in fh:
+                    k, _, v = line.partition(" ")
+                    out[k] = int(v)
+        except (OSError, ValueError):
+            pass
+        return out
+
+    def base_bytes(self) -> int:
+        """What the cgroup holds now, its file pages (page cache) not counted: the memory of the processes in
+        it (anonymous memory, shared memory, kernel memory).  A loader's base, taken before it reads."""
+        name = "memory.usage_in_bytes" if self._v1 else "memory.current"
+        with open(os.path.join(self.path, name)) as fh:
+            usage = int(fh.read().strip())
+        st = self._stat()
+        pre = "total_" if self._v1 else ""
+        files = st.get(pre + "active_file", 0) + st.get(pre + "inactive_file", 0)
+        return max(0, usage - files)
 
     def procs(self) -> list:
         """Process ids now in the cgroup."""
@@ -201,7 +249,14 @@ def in_cgroup(path: str, limit_file: str = "memory.limit_in_bytes") -> bool:
 
 
 def check_worker_in(path: str, limit_file: str, _worker_id: int = 0):
-    """DataLoader ``worker_init_fn`` (bind ``path``, ``limit_file``): refuse to run a worker outside the cgroup."""
+    """DataLoader ``worker_init_fn`` (bind ``path``, ``limit_file``): refuse to run a worker outside the cgroup;
+    make the worker the first the kernel kills when the cgroup runs out of memory (a killed worker fails
+    its baseline, which the bench reports; a killed rank would end the whole job)."""
     if not in_cgroup(path, limit_file):
         raise SolarError(f"--equal-memory: DataLoader worker {os.getpid()} is not in the memory cgroup {path} "
                          "(the limit would not apply to it)")
+    try:
+        with open("/proc/self/oom_score_adj", "w") as fh:
+            fh.write("1000\n")
+    except OSError:
+        pass  # not Linux, or a kernel without it: the limit holds all the same

@@ -32,8 +32,9 @@ batched (one sorted fancy-index read per field and batch); one that does not app
 layout is skipped with the reason in the output.
 The disk's limit is measured in the same run, cold: random reads of the layout's stored
 blocks (--disk-depth in flight) and 8 MiB sequential reads (4 in flight).
---equal-memory (root, Linux memory cgroup) runs every loader in one memory cgroup per node
-limited to the node's solar buffers + --memory-allowance (page cache counted).
+--equal-memory (root, Linux memory cgroup) runs every loader in one memory cgroup per node,
+each loader limited to its own processes' memory as they start (before it reads) + the node's
+solar buffers + --memory-allowance (page cache counted).
 The JSON has per-epoch samples/s of every loader, "speedup" (solar / torch), "speedup_vs_best"
 and "best_baseline" (the fastest baseline each epoch) and "limit_ratio" (solar's storage
 bytes at the disk's random-read bandwidth / solar's epoch time).
@@ -107,7 +108,8 @@ def add_parser(sub):
     p.add_argument("--equal-memory", action="store_true",
                    help="limit every loader to the same memory, page cache included (memory cgroup; root)")
     p.add_argument("--memory-allowance", type=parse_bytes, default=None,
-                   help="with --equal-memory: bytes per node on top of solar's buffers (default 1 GiB)")
+                   help="with --equal-memory: bytes per node on top of solar's buffers and each loader's own "
+                        "processes as they start (default 256 MiB)")
     p.add_argument("--disk-depth", type=int, default=16, help="random reads in flight for the disk's limit")
     p.add_argument("--json", action="store_true", help="print the whole report as JSON on stdout")
     p.add_argument("--no-progress", dest="progress", action="store_false",
