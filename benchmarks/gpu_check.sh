@@ -2,7 +2,7 @@
 # One prepared check of solar on a GPU machine with no network, in about 5 minutes on 16 cores.
 #
 #   benchmarks/gpu_check.sh OUTDIR [SECTION ...]      (sections: basics, cores, bench, conv, resident, nodes,
-#                                                          depth; default basics cores)
+#                                                          depth, gil, eqmem; default basics cores)
 #
 # It generates the data, trains the examples on CUDA, runs `solar bench --device cuda` cold, and writes
 # into OUTDIR (what comes back from such a machine: 8 files at most, so few and named):
@@ -25,6 +25,9 @@
 #   bench    the `solar bench` steps of both sections alone (bench-conv, bench-resident): a rerun
 #   conv     the cold `solar bench --device cuda --model conv` of basics alone (bench-conv)
 #   depth    issue 24: that bench, solar alone, with --threads 16 and 64 (reads in flight; depth.json)
+#   gil      issue 24: that bench, solar alone, with Python's GIL switch interval against solar's 0.5 ms (twice
+#            each, interleaved) and without the model (gil.json)
+#   eqmem    issue 25: nodes' contiguous run with every loader under --equal-memory alone (eqmem.json)
 #   resident the all-resident `solar bench` pair alone (bench-resident)
 #   nodes    issue 25: SOLAR_GPU_RANKS (8) ranks on the node, cold, the node pool (the default) against a buffer
 #            per rank (--no-node-pool), on the contiguous file (with every baseline) and on a gzip one
@@ -313,6 +316,51 @@ for t in ('16', '64'):
 json.dump(out, open(sys.argv[2], 'w'), indent=1)" "$WORK" "$OUT/depth.json"
 }
 
+# issue 24: the GIL beside the training loop: one rank, cold, f=0.5, solar alone, the conv net on the GPU, with
+# Python's switch interval (--switch-interval 0) against solar's default (0.0005), and the loader alone (--model
+# none) for its own ceiling; gil.json
+gil() {
+    [ -n "$MPIEXEC" ] || return 0
+    local one=("$MPIEXEC" --bind-to none -n 1 "${SOLAR[@]}" bench "$D" -b "$B" --epochs 3 --device "$DEVICE" --only solar
+               --cold --json --no-progress)
+    STDOUT=$WORK/gil-python.json run gil-python 60 "${one[@]}" --model conv --switch-interval 0
+    STDOUT=$WORK/gil-default.json run gil-default 60 "${one[@]}" --model conv
+    STDOUT=$WORK/gil-none.json run gil-none 60 "${one[@]}" --model none
+    STDOUT=$WORK/gil-python2.json run gil-python2 60 "${one[@]}" --model conv --switch-interval 0
+    STDOUT=$WORK/gil-default2.json run gil-default2 60 "${one[@]}" --model conv
+    "$PY" -c "import json, os, sys
+sys.path.insert(0, 'benchmarks')
+from gpu_summary import parse_report
+out = {}
+for k in ('python', 'default', 'none', 'python2', 'default2'):
+    p = os.path.join(sys.argv[1], 'gil-' + k + '.json')
+    if os.path.exists(p) and os.path.getsize(p):
+        text = open(p, errors='replace').read()
+        try:
+            out[k] = parse_report(text)
+        except ValueError:
+            out[k] = {'raw': text}
+json.dump(out, open(sys.argv[2], 'w'), indent=1)" "$WORK" "$OUT/gil.json"
+}
+
+# issue 25: the contiguous file on R ranks with every loader under --equal-memory alone (section nodes' last run)
+eqmem() {
+    [ -n "$MPIEXEC" ] || return 0
+    local R=${SOLAR_GPU_RANKS:-8}
+    STDOUT=$WORK/eqmem.json run eqmem 150 "$MPIEXEC" --bind-to none -n "$R" "${SOLAR[@]}" bench "$D" --epochs 3 \
+        --buffer-fraction 0.5 --cold --json --no-progress --baseline-time-limit 15 --equal-memory
+    "$PY" -c "import json, os, sys
+sys.path.insert(0, 'benchmarks')
+from gpu_summary import parse_report
+p = sys.argv[1]
+text = open(p, errors='replace').read() if os.path.exists(p) else ''
+try:
+    out = parse_report(text)
+except ValueError:
+    out = {'raw': text}
+json.dump(out, open(sys.argv[2], 'w'), indent=1)" "$WORK/eqmem.json" "$OUT/eqmem.json"
+}
+
 # the cold `solar bench --model conv` of section basics alone
 bench_conv() {
     [ -n "$MPIEXEC" ] || return 0
@@ -330,7 +378,9 @@ for s in $SECTIONS; do
         depth) depth ;;
         resident) bench_resident ;;
         nodes) nodes ;;
-        *) say "unknown section $s (sections: basics cores bench conv resident nodes depth)" ;;
+        gil) gil ;;
+        eqmem) eqmem ;;
+        *) say "unknown section $s (sections: basics cores bench conv resident nodes depth gil eqmem)" ;;
     esac
 done
 

@@ -474,6 +474,8 @@ def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fra
     allowance = ALLOWANCE_BYTES if memory_allowance is None else int(memory_allowance)
     if allowance < 0:
         raise SolarError(f"memory allowance must be >= 0 bytes, got {memory_allowance!r}")
+    from ..loader.gil import DEFAULT_SWITCH_INTERVAL, check_interval, lower
+    switch = check_interval((loader_options or {}).get("switch_interval", DEFAULT_SWITCH_INTERVAL))
     P = comm.Get_size()
 
     # 1. the plan: rank 0 builds the layout from the HDF5 metadata and writes the schedule while the others
@@ -518,6 +520,11 @@ def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fra
     node = _node_comm(comm)
     cg = back = None
     consume = None
+    # the GIL switch interval solar's loader sets (SolarLoader(switch_interval=)), for the whole run: the
+    # baselines' threads in this process (the DataLoader's pinning thread) get it too
+    loader_options = dict(loader_options or {}, switch_interval=switch)
+    report["switch_interval_s"] = switch
+    restore_gil = lower(switch)
     try:
         if device != "cpu" or model != "none":
             consume = _consumer(step, spec, layout, local_batch, node.rank)
@@ -549,6 +556,7 @@ def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fra
                      time_limit=baseline_time_limit, reader_options=reader_options, disk_depth=disk_depth,
                      consume=consume, log=log, loader_options=loader_options, data_bytes=data_bytes)
     finally:
+        restore_gil()
         if cg is not None:
             _leave_cgroup(cg, back, node)
         node.Free()

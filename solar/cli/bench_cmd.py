@@ -88,6 +88,9 @@ def add_parser(sub):
     p.add_argument("--buffer-device", choices=("cuda", "cpu"),
                    help="solar's buffer in this device's memory (cuda: the GPU; batches gathered there; cpu stands "
                         "in for it in tests); per-rank plans only")
+    p.add_argument("--switch-interval", type=float, default=None, metavar="SECONDS",
+                   help="the interpreter's GIL switch interval during the run, every loader alike (default "
+                        "0.0005, SolarLoader's default; 0: Python's own, 0.005)")
     p.add_argument("--amp", choices=("auto", "none", "bf16"), default="auto",
                    help="--model conv: bf16 autocast or none; auto: bf16 on cuda, none on cpu")
     p.add_argument("--num-workers", type=int, default=2, help="baseline DataLoader workers per rank")
@@ -200,8 +203,8 @@ def run(args) -> int:
                     baseline_time_limit=args.baseline_time_limit or None, ranks_per_node=L,
                     policy=args.policy, peer_cost=cost, reader_options=args.reader_options,
                     device=args.device, model=args.model, amp=args.amp,
-                    loader_options={k: v for k, v in (("cpus", args.cpus), ("buffer_device", args.buffer_device))
-                                    if v is not None},
+                    loader_options={k: v for k, v in (("cpus", args.cpus), ("buffer_device", args.buffer_device),
+                                                      ("switch_interval", args.switch_interval)) if v is not None},
                     log=_progress_line if args.progress and comm.rank == 0 else None)
     if comm.rank == 0:
         print(json.dumps(rep, indent=2) if args.json else format_report(rep))

@@ -26,6 +26,7 @@ from ..schedule import Schedule, ScheduleError
 from ..scheduler.config import check_state_epoch
 from .assemble import BatchAssembler
 from .extend import WindowPlanner
+from .gil import DEFAULT_SWITCH_INTERVAL, check_interval, lower
 from .hooks import BatchHooks, EpochLog, bind_layout
 
 if TYPE_CHECKING:  # annotations only
@@ -88,7 +89,11 @@ class SolarLoader:
 
     ``cpus``: the cores the loader may keep busy for batch assembly (default: this rank's share, its CPU
     affinity divided by the ranks on its node, :func:`solar.topology.cpus_of_this_rank`); ``threads`` stays
-    the reader's I/O depth (requests in flight).
+    the reader's I/O depth (requests in flight).  ``switch_interval`` (seconds, default
+    :data:`~solar.loader.gil.DEFAULT_SWITCH_INTERVAL`, 0.5 ms; None or 0: leave Python's 5 ms): while the
+    loader's threads run, the interpreter's GIL switch interval is at most this, so a training thread busy
+    in Python hands the GIL to solar's threads sooner (:mod:`solar.loader.gil`; process-wide, restored by
+    :meth:`close`).
 
     Resuming: after :meth:`load_state_dict` the cursor is inside epoch
     ``loader.epoch``; ``set_epoch(loader.epoch)`` keeps it, so the loop
@@ -126,11 +131,14 @@ class SolarLoader:
                  sample_transform: Optional[Callable[[dict], dict]] = None,
                  device: Union[str, "torch.device", None] = None,
                  verify_data: str = "fast", verify_scope: str = "job", cpus: Optional[int] = None,
-                 buffer_device: Union[str, "torch.device", None] = None) -> None:
+                 buffer_device: Union[str, "torch.device", None] = None,
+                 switch_interval: Optional[float] = DEFAULT_SWITCH_INTERVAL) -> None:
         from ..io import default_reader_name, get_reader
         from ..schedule.verify import check_mode
         if not isinstance(abort_on_error, bool):
             raise SpecError(f"abort_on_error must be True or False, got {abort_on_error!r}")
+        self.switch_interval = check_interval(switch_interval)
+        self._gil_release = None
         self._guard = _install_guard(self, comm) if abort_on_error else None
         check_mode(verify_data, verify_scope)
         self.comm = comm
@@ -260,6 +268,8 @@ class SolarLoader:
         return self.hooks.produce(step, out)
 
     def _start_buffer(self):
+        if self._gil_release is None:  # solar's threads start now: the training thread hands the GIL over sooner
+            self._gil_release = lower(self.switch_interval)
         plan = self.rank_plan
         if self.open_ended:  # this window's plan (planned first if need be); the next one in the background
             w = self.cursor // (self.S * self.schedule.window)
@@ -296,6 +306,11 @@ class SolarLoader:
         if self.buffer is not None:
             self.buffer.close()
             self.buffer = None
+
+    def _restore_gil(self):
+        if self._gil_release is not None:
+            self._gil_release()
+            self._gil_release = None
 
     def __iter__(self):
         """The remaining steps of the current epoch."""
@@ -405,6 +420,7 @@ class SolarLoader:
         """Stop the prefetch thread, close the reader (collective for MPI readers) and the schedule,
         and remove the abort hooks."""
         self._stop_buffer()
+        self._restore_gil()
         self.assembler.close()
         if self.windows is not None:
             self.windows.close()
