@@ -92,7 +92,8 @@ def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float
               reader: Optional[str] = None, threads: int = 16, prefetch: int = DEFAULT_PREFETCH, progress: bool = False,
               abort_on_error: bool = True, reader_options: Optional[dict] = None,
               probe: Optional[Callable[[], float]] = None, replay: bool = True, consume=None,
-              log: Optional[Callable[[str], None]] = None, loader_options: Optional[dict] = None) -> dict:
+              log: Optional[Callable[[str], None]] = None, loader_options: Optional[dict] = None,
+              limit: Optional[Callable[[], None]] = None) -> dict:
     """Time SolarLoader epoch by epoch, measured as the baseline is (drop, barrier, timed loop).
 
     ``abort_on_error``: passed to SolarLoader (an error on one rank aborts the job).  ``probe``: called by
@@ -110,7 +111,11 @@ def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float
     batches are gathered there, not copied).  Before any timer a throwaway loader of the same plan takes one
     step, so that numba's first calls of the reader's and the gather's kernels (a compilation where its cache
     is cold) are in no epoch; its seconds are ``warmup_s`` (the caller drops the page cache before each
-    epoch where it measures cold)."""
+    epoch where it measures cold).  ``limit``: called by every rank once that throwaway loader is gone and
+    before the timed one is built (``solar bench --equal-memory`` sets the loader's memory limit there: its
+    base then holds the kernels numba loaded, as a baseline's holds its started workers)."""
+    import gc
+
     from ..loader import SolarLoader
     from ..mpi import sleep_barrier
     from .cache import largest_left
@@ -126,6 +131,10 @@ def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float
                      as_torch=True, abort_on_error=abort_on_error, reader_options=reader_options, **opts) as warm:
         next(iter(warm), None)
     warmup = comm.allreduce(time.perf_counter() - warm0, op=_max())
+    del warm
+    gc.collect()  # its pools and batches freed before a memory limit is measured from here
+    if limit is not None:
+        limit()
     rss0 = rss_bytes()
     loader = SolarLoader(schedule_path, layout, comm=comm, reader=reader, threads=threads, prefetch=prefetch,
                          as_torch=True, epoch_fence=True, abort_on_error=abort_on_error, reader_options=reader_options,
@@ -438,7 +447,8 @@ def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fra
     the layout is recorded with its skip reason).  ``equal_memory``: run every loader in
     a memory cgroup per node, each loader limited to its processes' own memory once they are up (its
     base, before it reads) plus the node's solar buffers plus ``memory_allowance`` (default
-    :data:`~solar.bench.memlimit.ALLOWANCE_BYTES`); the ranks join it before any DataLoader starts, so
+    :data:`~solar.bench.memlimit.ALLOWANCE_BYTES` plus :data:`~solar.bench.memlimit.ALLOWANCE_PER_RANK` for
+    each rank of the node); the ranks join it before any DataLoader starts, so
     the workers' forkserver starts inside it, and each worker checks that it is inside (a forkserver this
     process started earlier would not be).
     ``disk_depth``: random reads in flight for the disk's limit.
@@ -462,7 +472,7 @@ def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fra
     from .baseline import BASELINES
     from .cache import make_cache_dropper
     from .consume import StepConfig, require_device
-    from .memlimit import ALLOWANCE_BYTES
+    from .memlimit import ALLOWANCE_BYTES, ALLOWANCE_PER_RANK
     step = StepConfig(device=device, model=model, step_time=step_time, amp=amp)  # checked before any work
     require_device(step)
     baselines = tuple(BASELINES if baselines is None else baselines)
@@ -538,6 +548,8 @@ def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fra
                 budget = int(schedule_node_memory(sch, comm.rank // L, layout, prefetch=prefetch).limit) // L
         data_bytes = None
         if equal_memory:
+            if memory_allowance is None:  # the default: a share for each rank of the node too
+                allowance = ALLOWANCE_BYTES + ALLOWANCE_PER_RANK * node.Get_size()
             data_bytes = _limit(node, budget, allowance)
             cg, back = _enter_cgroup(comm, node)
             report["memory_limit_bytes"] = data_bytes
@@ -595,24 +607,28 @@ def _run_loaders(report, spec, layout, schedule, *, comm, node, cg, epochs, loca
     """Run solar and each baseline in turn, filling ``report["solar"]``, ``["baselines"]``, ``["baseline"]``;
     ``log`` gets a line as each loader and each of its epochs starts, and each loader's samples/s.  With a
     cgroup ``cg``, each loader runs limited to its base plus ``data_bytes`` (:func:`_limit_loader`): solar's
-    base is taken before its loader allocates a buffer, a baseline's once its workers are up, right
-    before its first epoch."""
+    base is taken after its throwaway warm-up loader (numba's kernels loaded, no buffer held), a
+    baseline's once its workers are up, right before its first epoch."""
     import functools
 
     from .baseline import BaselineFailed, run_baseline, skip_reason
     from .memlimit import check_worker_in
     if "solar" in loaders:
-        limited = _limit_loader(cg, node, comm, data_bytes)
-        _reset_peak(cg, node)
+        limited = {}
+
+        def limit():  # after solar's throwaway warm-up loader, before the timed one (see run_solar)
+            limited.update(_limit_loader(cg, node, comm, data_bytes) or {})
+            _reset_peak(cg, node)
         from ..mpi import root_call
         _say(log, f"solar: {epochs} epoch(s)")
         report["solar"] = run_solar(schedule, layout, comm=comm, epochs=epochs, step_time=step_time,
                                     drop_cache=drop, reader=reader, threads=threads, prefetch=prefetch,
                                     progress=progress, abort_on_error=abort_on_error, reader_options=reader_options,
                                     probe=lambda: root_call(comm, lambda: measure_random(layout, disk_depth)),
-                                    consume=consume, log=log, loader_options=loader_options)
+                                    consume=consume, log=log, loader_options=loader_options,
+                                    limit=limit if cg is not None else None)
         report["solar"]["memory_peak_bytes"] = _peak(cg, node, comm)
-        report["solar"].update(limited or {})
+        report["solar"].update(limited)
         _unlimit(cg, node)
     if "baseline" not in loaders:
         return

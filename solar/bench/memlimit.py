@@ -11,7 +11,8 @@ inherit it.  Root only; anything that keeps the limit from being enforced raises
 
 Each loader gets its own limit, set once its processes are up and before it reads
 (:meth:`MemoryCgroup.base_bytes`: what the cgroup holds then, file pages not
-counted): that base, plus the node's solar buffers, plus :data:`ALLOWANCE_BYTES`.
+counted): that base, plus the node's solar buffers, plus :data:`ALLOWANCE_BYTES` and
+:data:`ALLOWANCE_PER_RANK` for each rank of the node.
 A loader's processes themselves (interpreters, torch in every DataLoader worker)
 are thus not memory for data, which the limit is about; between loaders the
 cgroup is unlimited, so the next loader's start-up is never what hits the limit.
@@ -29,6 +30,9 @@ from ..errors import SolarError
 #: what the processes' heaps grow by while they run (bytes).  Page cache within it is data memory a
 #: baseline gets beyond solar's, so it is kept small.
 ALLOWANCE_BYTES = 256 << 20
+#: And per rank of the node: a rank's threads, stacks and scratch that the loader's start leaves to come (solar
+#: measured about 15 MB a rank beyond its buffers with 8 ranks, its numba kernels already in the base).
+ALLOWANCE_PER_RANK = 16 << 20
 #: What a cgroup v1 reads as its limit when none is set (``-1`` written); v2 reads ``max``.
 UNLIMITED = -1
 MOUNTINFO = "/proc/self/mountinfo"

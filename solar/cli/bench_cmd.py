@@ -112,7 +112,7 @@ def add_parser(sub):
                    help="limit every loader to the same memory, page cache included (memory cgroup; root)")
     p.add_argument("--memory-allowance", type=parse_bytes, default=None,
                    help="with --equal-memory: bytes per node on top of solar's buffers and each loader's own "
-                        "processes as they start (default 256 MiB)")
+                        "processes as they start (default 256 MiB + 16 MiB per rank of the node)")
     p.add_argument("--disk-depth", type=int, default=16, help="random reads in flight for the disk's limit")
     p.add_argument("--json", action="store_true", help="print the whole report as JSON on stdout")
     p.add_argument("--no-progress", dest="progress", action="store_false",
