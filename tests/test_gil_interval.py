@@ -14,7 +14,12 @@ from helpers import make_dataset
 
 
 @pytest.fixture(autouse=True)
-def python_default():
+def python_default(monkeypatch):
+    """Python's default interval and no hold: loaders of other tests left open (their threads still running)
+    keep theirs, which is not this test's."""
+    from solar.loader import gil
+    for name, value in (("_users", 0), ("_saved", None), ("_set", None)):
+        monkeypatch.setattr(gil, name, value)
     before = sys.getswitchinterval()
     sys.setswitchinterval(0.005)
     yield
@@ -72,3 +77,22 @@ def test_a_loader_lowers_it_while_open_and_restores_it(tmp_path):
     with pytest.raises(solar.SpecError, match="switch_interval must be seconds.*got -1"):
         SolarLoader(path, data, rank=0, switch_interval=-1)
     assert np.isclose(sys.getswitchinterval(), 0.005)
+
+
+def test_a_loader_never_closed_gives_it_back_when_collected(tmp_path):
+    import gc
+    data = make_dataset(tmp_path, "ptychonn", "chunked", samples=24)
+    path = str(tmp_path / "plan.h5")
+    solar.plan(data, world_size=1, local_batch=4, epochs=1, buffer_fraction=0.5, out=path).close()
+    loader = SolarLoader(path, data, rank=0)
+    for _ in loader:
+        pass
+    assert sys.getswitchinterval() == pytest.approx(DEFAULT_SWITCH_INTERVAL)
+    loader._stop_buffer()  # its threads end (as an epoch loop left behind does once the buffer is stopped)
+    loader.reader.close()
+    loader.schedule.close()
+    if loader._guard is not None:
+        loader._guard()
+    del loader
+    gc.collect()
+    assert sys.getswitchinterval() == pytest.approx(0.005)

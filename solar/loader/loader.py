@@ -269,7 +269,8 @@ class SolarLoader:
 
     def _start_buffer(self):
         if self._gil_release is None:  # solar's threads start now: the training thread hands the GIL over sooner
-            self._gil_release = lower(self.switch_interval)
+            # put back at close, or when a loader never closed is collected
+            self._gil_release = weakref.finalize(self, lower(self.switch_interval))
         plan = self.rank_plan
         if self.open_ended:  # this window's plan (planned first if need be); the next one in the background
             w = self.cursor // (self.S * self.schedule.window)
