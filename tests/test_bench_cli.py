@@ -32,6 +32,8 @@ def _check_keys(rep: dict, n_epochs: int):
     assert a["random_read_gbps"] > 0 and a["block_bytes"] == d["block_bytes"]
     rnd = max(d["random_read_gbps"], a["random_read_gbps"]) * 1e9
     assert rep["limit_random_read_gbps"] * 1e9 == pytest.approx(rnd)
+    for ep in rep["solar"]["epochs"]:  # the time the next step's reads waited for free slots: within the epoch
+        assert 0.0 <= ep["book_wait_max_s"] <= ep["seconds"]
     for ep, lr in zip(rep["solar"]["epochs"], rep["limit_ratio"]):
         assert lr == pytest.approx(ep["storage_bytes"] / rnd / reads_s(ep)) and ep["limit_ratio"] == lr
         assert ep["plan_violations"] == 0 and ep["page_cache_left"] is not None

@@ -125,3 +125,24 @@ def test_set_epoch_mid_epoch_keeps_cursor_other_epoch_seeks(job):
         assert loader.cursor == 0
         with pytest.raises(solar.SpecError, match=r"epoch 1.5 out of range"):
             loader.set_epoch(1.5)
+
+
+def test_book_wait_is_zero_when_every_block_stays_resident(tmp_path):
+    """``book_wait_s``: time a step waited for its place to have room.  A plan that keeps every block never
+    evicts, so no step waits; one that must evict counts a time >= 0 that the totals sum exactly."""
+    data = make_dataset(tmp_path, "ptychonn", "chunked", samples=40)
+    for f, zero in ((1.0, True), (0.3, False)):
+        path = str(tmp_path / f"plan-{f}.h5")
+        solar.plan(data, world_size=1, local_batch=4, epochs=2, buffer_fraction=f, out=path).close()
+        with SolarLoader(path, data, rank=0) as loader:
+            for e in loader.epoch_range():
+                loader.set_epoch(e)
+                for _ in loader:
+                    pass
+            st = loader.stats()
+            per = [s.book_wait_s for s in loader.buffer.totals.per_step]
+        assert st["book_wait_s"] >= 0.0 and all(w >= 0.0 for w in per)
+        if zero:
+            assert st["book_wait_s"] == 0.0
+        if len(per) == st["steps"]:
+            assert st["book_wait_s"] == pytest.approx(sum(per))

@@ -205,7 +205,7 @@ def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float
                                        d["misses"], d["plan_violations"], d["read_s"], left, d.get("opens", 0),
                                        d.get("evictions", 0), verified, d.get("sent_bytes", 0),
                                        d.get("recv_bytes", 0), d.get("sent_blocks", 0), d["stored_bytes"],
-                                       io_read, d["assemble_s"], samples * sample_bytes))
+                                       io_read, d["assemble_s"], samples * sample_bytes, d.get("book_wait_s", 0.0)))
             seconds = max(x[0] for x in per_rank)
             total = sum(x[1] for x in per_rank)
             read = sum(x[3] for x in per_rank)
@@ -214,7 +214,8 @@ def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float
             out["epochs"].append(dict(
                 epoch=e, global_samples=total, seconds=seconds, samples_per_s=total / seconds if seconds else 0.0,
                 startup_s=startup if e == 0 else 0.0,
-                stall_max_s=max(x[2] for x in per_rank), storage_bytes=read,
+                stall_max_s=max(x[2] for x in per_rank), book_wait_max_s=max(x[20] for x in per_rank),
+                storage_bytes=read,
                 storage_bytes_per_s=read / seconds if seconds else 0.0,
                 decoded_bytes_loaded=sum(x[4] for x in per_rank), block_hits=sum(x[5] for x in per_rank),
                 block_misses=sum(x[6] for x in per_rank), plan_violations=sum(x[7] for x in per_rank),
@@ -845,6 +846,10 @@ def format_report(r: dict) -> str:
                      + " (blocks loaded, without the gaps reads coalesce: "
                      + ", ".join(f"{ep['blocks_vs_plan']:.3f}" if ep.get("blocks_vs_plan") else "-" for ep in eps)
                      + f"); {sum(ep.get('verified', 0) for ep in eps)} delivered samples equal to h5py's")
+        if any(ep.get("book_wait_max_s") for ep in eps):
+            lines.append("solar reads waiting for free slots (s per epoch, the slowest rank; reads of the next steps "
+                         "wait while the steps before them are assembled): "
+                         + ", ".join(f"{ep.get('book_wait_max_s', 0.0):.2f}" for ep in eps))
         if all(ep.get("disk_random_read_gbps_after") is not None for ep in eps):
             lines.append("disk cold random read after each solar epoch: "
                          + ", ".join(f"{ep['disk_random_read_gbps_after']:.2f}" for ep in eps)

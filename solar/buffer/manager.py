@@ -199,6 +199,7 @@ class BufferManager:
         P, booked = self.place, self._booked
         g_book = self.start
         wait, idle_since = POLL_MIN_S, None
+        refused_at = None  # when the place first refused to book g_book (no room yet): its book_wait_s
         while True:
             if self._closed:
                 raise Closed
@@ -216,11 +217,16 @@ class BufferManager:
                     ahead = self._may_read_ahead(g_book, booked)
                 if ahead and P.may_book(g_book, booked):
                     item = P.book(g_book, io)
+                    if refused_at is not None:
+                        item.stats.book_wait_s = time.perf_counter() - refused_at
+                        refused_at = None
                     for f in item.wakes:  # a place that polls wakes as soon as its own reads are in
                         f.add_done_callback(self._wake)
                     booked.append(item)
                     g_book += 1
                     progressed = True
+                elif ahead and refused_at is None:
+                    refused_at = time.perf_counter()
             if progressed:
                 wait, idle_since = POLL_MIN_S, None
                 continue

@@ -37,6 +37,7 @@ class StepStats:
     assemble_s: float = 0.0
     stall_s: float = 0.0         # time the training loop waited for this step
     plan_violations: int = 0     # blocks the plan called hits that were not resident (read anyway)
+    book_wait_s: float = 0.0     # time from its place first refusing to book it (no free slots yet) to its booking
 
 
 @dataclass
@@ -57,12 +58,13 @@ class BufferTotals:
     assemble_s: float = 0.0
     stall_s: float = 0.0
     plan_violations: int = 0
+    book_wait_s: float = 0.0
     per_step: Deque[StepStats] = field(default_factory=deque)
 
     def add(self, s: StepStats):
         self.steps += 1
         for k in ("samples", "hits", "hit_bytes", "misses", "bytes_loaded", "bytes_read", "stored_bytes", "n_reads",
-                  "read_s", "assemble_s", "stall_s", "plan_violations"):
+                  "read_s", "assemble_s", "stall_s", "plan_violations", "book_wait_s"):
             setattr(self, k, getattr(self, k) + getattr(s, k))
         if self.per_step.maxlen != 0:
             self.per_step.append(s)

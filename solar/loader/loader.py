@@ -409,7 +409,7 @@ class SolarLoader:
         if t is None:
             return {}
         keys = ("steps", "samples", "hits", "hit_bytes", "misses", "bytes_loaded", "bytes_read", "stored_bytes",
-                "n_reads", "read_s", "assemble_s", "stall_s", "plan_violations")
+                "n_reads", "read_s", "assemble_s", "stall_s", "plan_violations", "book_wait_s")
         if self.nodes is not None:
             from ..buffer.node_manager import NODE_KEYS
             keys += NODE_KEYS
