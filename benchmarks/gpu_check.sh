@@ -251,6 +251,27 @@ cores() {
         --epochs 3 --fractions 1.0 0.5 --device "$DEVICE" --json
 }
 
+# merge OUTFILE PREFIX KEY...: the reports $WORK/PREFIX-KEY.json in one JSON file {KEY: report} (8 files at most
+# come back from the machine); a command's output that is no report is kept as {"raw": its text}
+merge() {
+    local out=$1 prefix=$2
+    shift 2
+    "$PY" -c "import json, os, sys
+sys.path.insert(0, 'benchmarks')
+from gpu_summary import parse_report
+work, prefix, out = sys.argv[1:4]
+res = {}
+for k in sys.argv[4:]:
+    p = os.path.join(work, prefix + '-' + k + '.json')
+    if os.path.exists(p) and os.path.getsize(p):
+        text = open(p, errors='replace').read()
+        try:
+            res[k] = parse_report(text)
+        except ValueError:
+            res[k] = {'raw': text}
+json.dump(res, open(out, 'w'), indent=1)" "$WORK" "$prefix" "$out" "$@"
+}
+
 # ------------------------------------------------------------------ issue 25: nodes
 # R ranks on this one node (SOLAR_GPU_RANKS, default 8), cold: the contiguous file with every baseline and the
 # default node pool, then solar alone with --no-node-pool; a gzip file of half the samples (4 a chunk), solar
@@ -276,21 +297,8 @@ nodes() {
     # memmap's readahead otherwise has without limit); ends at once with a clear error where cgroups are missing
     STDOUT=$WORK/nodes-contiguous-eqmem.json run nodes-contiguous-eqmem 120 "${bench[@]}" "$D" \
         --baseline-time-limit 15 --equal-memory
-    # the six reports in one file (nodes.json: {"contiguous-node": report, ...}; a command's output that is no
-    # report is kept as {"raw": its text})
-    "$PY" -c "import json, os, sys
-sys.path.insert(0, 'benchmarks')
-from gpu_summary import parse_report
-out = {}
-for k in ('contiguous-node', 'contiguous-rank', 'gzip-node', 'gzip-rank', 'gzip-rpn1', 'contiguous-eqmem'):
-    p = os.path.join(sys.argv[1], 'nodes-' + k + '.json')
-    if os.path.exists(p) and os.path.getsize(p):
-        text = open(p, errors='replace').read()
-        try:
-            out[k] = parse_report(text)
-        except ValueError:
-            out[k] = {'raw': text}
-json.dump(out, open(sys.argv[2], 'w'), indent=1)" "$WORK" "$OUT/nodes.json"
+    # the six reports in one file (nodes.json: {"contiguous-node": report, ...})
+    merge "$OUT/nodes.json" nodes contiguous-node contiguous-rank gzip-node gzip-rank gzip-rpn1 contiguous-eqmem
 }
 
 # issue 24: one rank's misses with more requests in flight (the default --threads 16 against 64), cold, f=0.5,
@@ -302,18 +310,7 @@ depth() {
         STDOUT=$WORK/depth-$t.json run depth-$t 60 "$MPIEXEC" --bind-to none -n 1 "${SOLAR[@]}" bench "$D" -b "$B" \
             --epochs 3 --device "$DEVICE" --model conv --only solar --cold --threads "$t" --json --no-progress
     done
-    "$PY" -c "import json, os, sys
-sys.path.insert(0, 'benchmarks')
-from gpu_summary import parse_report
-out = {}
-for t in ('16', '64'):
-    p = os.path.join(sys.argv[1], 'depth-' + t + '.json')
-    if os.path.exists(p) and os.path.getsize(p):
-        try:
-            out[t] = parse_report(open(p, errors='replace').read())
-        except ValueError:
-            out[t] = {'raw': open(p, errors='replace').read()}
-json.dump(out, open(sys.argv[2], 'w'), indent=1)" "$WORK" "$OUT/depth.json"
+    merge "$OUT/depth.json" depth 16 64
 }
 
 # issue 24: the GIL beside the training loop: one rank, cold, f=0.5, solar alone, the conv net on the GPU, with
@@ -328,19 +325,7 @@ gil() {
     STDOUT=$WORK/gil-none.json run gil-none 60 "${one[@]}" --model none
     STDOUT=$WORK/gil-python2.json run gil-python2 60 "${one[@]}" --model conv --switch-interval 0
     STDOUT=$WORK/gil-default2.json run gil-default2 60 "${one[@]}" --model conv
-    "$PY" -c "import json, os, sys
-sys.path.insert(0, 'benchmarks')
-from gpu_summary import parse_report
-out = {}
-for k in ('python', 'default', 'none', 'python2', 'default2'):
-    p = os.path.join(sys.argv[1], 'gil-' + k + '.json')
-    if os.path.exists(p) and os.path.getsize(p):
-        text = open(p, errors='replace').read()
-        try:
-            out[k] = parse_report(text)
-        except ValueError:
-            out[k] = {'raw': text}
-json.dump(out, open(sys.argv[2], 'w'), indent=1)" "$WORK" "$OUT/gil.json"
+    merge "$OUT/gil.json" gil python default none python2 default2
 }
 
 # issue 25: the contiguous file on R ranks with every loader under --equal-memory alone (section nodes' last run)
