@@ -2,7 +2,7 @@
 # One prepared check of solar on a GPU machine with no network, in about 5 minutes on 16 cores.
 #
 #   benchmarks/gpu_check.sh OUTDIR [SECTION ...]      (sections: basics, cores, bench, conv, resident, nodes,
-#                                                          depth, gil, eqmem; default basics cores)
+#                                                          depth, gil, reads, eqmem; default basics cores)
 #
 # It generates the data, trains the examples on CUDA, runs `solar bench --device cuda` cold, and writes
 # into OUTDIR (what comes back from such a machine: 8 files at most, so few and named):
@@ -27,6 +27,7 @@
 #   depth    issue 24: that bench, solar alone, with --threads 16 and 64 (reads in flight; depth.json)
 #   gil      issue 24: that bench, solar alone, with Python's GIL switch interval against solar's 0.5 ms (twice
 #            each, interleaved) and without the model (gil.json)
+#   reads    issue 24: that bench, solar alone, planned with --reads-in-flight 1 and 4, twice each (reads.json)
 #   eqmem    issue 25: nodes' contiguous run with every loader under --equal-memory alone (eqmem.json)
 #   resident the all-resident `solar bench` pair alone (bench-resident)
 #   nodes    issue 25: SOLAR_GPU_RANKS (8) ranks on the node, cold, the node pool (the default) against a buffer
@@ -328,6 +329,19 @@ gil() {
     merge "$OUT/gil.json" gil python default none python2 default2
 }
 
+# issue 24: one rank's reads ahead: the cold conv bench, solar alone, planned with --reads-in-flight 1 (default) and 4
+# (interleaved, twice each); reads.json (per epoch book_wait_max_s: the time the next step's reads waited for slots)
+reads() {
+    [ -n "$MPIEXEC" ] || return 0
+    local one=("$MPIEXEC" --bind-to none -n 1 "${SOLAR[@]}" bench "$D" -b "$B" --epochs 3 --device "$DEVICE" --only solar
+               --cold --json --no-progress --model conv)
+    STDOUT=$WORK/reads-1.json run reads-1 60 "${one[@]}" --reads-in-flight 1
+    STDOUT=$WORK/reads-4.json run reads-4 60 "${one[@]}" --reads-in-flight 4
+    STDOUT=$WORK/reads-1b.json run reads-1b 60 "${one[@]}" --reads-in-flight 1
+    STDOUT=$WORK/reads-4b.json run reads-4b 60 "${one[@]}" --reads-in-flight 4
+    merge "$OUT/reads.json" reads 1 4 1b 4b
+}
+
 # issue 25: the contiguous file on R ranks with every loader under --equal-memory alone (section nodes' last run)
 eqmem() {
     [ -n "$MPIEXEC" ] || return 0
@@ -364,8 +378,9 @@ for s in $SECTIONS; do
         resident) bench_resident ;;
         nodes) nodes ;;
         gil) gil ;;
+        reads) reads ;;
         eqmem) eqmem ;;
-        *) say "unknown section $s (sections: basics cores bench conv resident nodes depth gil eqmem)" ;;
+        *) say "unknown section $s (sections: basics cores bench conv resident nodes depth gil reads eqmem)" ;;
     esac
 done
 

@@ -434,7 +434,8 @@ def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fra
           abort_on_error: bool = True, baseline_time_limit: Optional[float] = BASELINE_TIME_LIMIT,
           ranks_per_node: Optional[int] = None, policy: Optional[str] = None, peer_cost=None,
           reader_options: Optional[dict] = None, device: str = "cpu", model: str = "none", amp: str = "auto",
-          log: Optional[Callable[[str], None]] = None, loader_options: Optional[dict] = None) -> dict:
+          log: Optional[Callable[[str], None]] = None, loader_options: Optional[dict] = None,
+          reads_in_flight: Optional[int] = None) -> dict:
     """Run the comparison; returns the report (the same on every rank).
 
     ``schedule``: the schedule file rank 0 writes (every rank must see it); default
@@ -455,6 +456,7 @@ def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fra
     ``disk_depth``: random reads in flight for the disk's limit.
     ``abort_on_error=False``: SolarLoader leaves an error on one rank to the caller (no MPI abort).
     ``reader_options``: passed to solar's reader (e.g. ``{"direct_io": True}``).
+    ``reads_in_flight``: :func:`solar.plan`'s (batches of the budget held for reads in flight; default 1).
     ``ranks_per_node``/``policy``/``peer_cost``: solar runs a node plan (:func:`solar.plan`'s arguments;
     a test topology may put several planned nodes on one machine); its epochs then report the peer
     bytes moved next to the plan's.  Every solar epoch checks :data:`VERIFY` delivered samples per rank
@@ -486,7 +488,10 @@ def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fra
     if allowance < 0:
         raise SolarError(f"memory allowance must be >= 0 bytes, got {memory_allowance!r}")
     from ..loader.gil import DEFAULT_SWITCH_INTERVAL, check_interval, lower
+    from ..memory import check_reads_in_flight
     switch = check_interval((loader_options or {}).get("switch_interval", DEFAULT_SWITCH_INTERVAL))
+    if reads_in_flight is not None:
+        check_reads_in_flight(reads_in_flight)
     P = comm.Get_size()
 
     # 1. the plan: rank 0 builds the layout from the HDF5 metadata and writes the schedule while the others
@@ -498,13 +503,14 @@ def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fra
         lay = load_layout(spec, progress=progress)
         job = dict(world_size=P, local_batch=local_batch, epochs=epochs, buffer_fraction=buffer_fraction,
                    buffer_per_rank=buffer_per_rank, seed=seed, policy=policy, ranks_per_node=ranks_per_node,
-                   peer_cost=None if peer_cost is None else peer_cost.to_dict())
+                   peer_cost=None if peer_cost is None else peer_cost.to_dict(),
+                   **({} if reads_in_flight is None else {"reads_in_flight": reads_in_flight}))
         path = schedule or bench_schedule_path(lay, _data_name(spec), **job)
         _say(log, f"planning {P} rank(s) x local batch {local_batch}, {epochs} epoch(s), {lay.n_samples:,} samples")
         t0 = time.perf_counter()
         plan(lay, world_size=P, local_batch=local_batch, epochs=epochs, buffer_fraction=buffer_fraction,
              buffer_per_rank=buffer_per_rank, seed=seed, out=path, progress=progress, policy=policy,
-             ranks_per_node=ranks_per_node, peer_cost=peer_cost).close()
+             ranks_per_node=ranks_per_node, peer_cost=peer_cost, reads_in_flight=reads_in_flight).close()
         secs = time.perf_counter() - t0
         _say(log, f"schedule written to {path} in {secs:.1f} s")
         return path, secs

@@ -177,12 +177,12 @@ class SolarLoader:
             self.batch_bytes = batch_bytes(self.layout, max_local_batch(self.schedule.config))
             if self.nodes is None:
                 self.rank_plan = self.schedule.rank(self.rank)
-                self.memory = rank_memory(self.rank_plan, self.demand, budget=self.schedule.buffer_bytes,
+                self.memory = rank_memory(self.rank_plan, self.demand, budget=self.schedule.memory_budget,
                                           batch_bytes=self.batch_bytes, prefetch=prefetch, io_depth=DEFAULT_IO_DEPTH)[0]
             else:
                 from .nodes import node_rank_memory
                 self.rank_plan = self.schedule.node_plan(self.rank)
-                self.memory = node_rank_memory(self.rank_plan, self.demand, self.schedule.buffer_bytes,
+                self.memory = node_rank_memory(self.rank_plan, self.demand, self.schedule.memory_budget,
                                                self.batch_bytes, prefetch)
             if buffer_device is None and self.schedule.buffer_place == "device":  # solar plan --device-buffer
                 buffer_device = _planned_device(self.schedule)
@@ -280,11 +280,11 @@ class SolarLoader:
         if self.nodes is not None:  # collective over comm: every rank starts its buffer at the same step
             from ..buffer.node_manager import NodeBufferManager
             self.buffer = NodeBufferManager(plan, self.rank, self.demand, self.reader, self._assemble, comm=self.comm,
-                                            budget=self.schedule.buffer_bytes, prefetch=self.prefetch,
+                                            budget=self.schedule.memory_budget, prefetch=self.prefetch,
                                             start=self.cursor, fence=fence, batch_bytes=self.batch_bytes)
             return
         self.buffer = BufferManager(plan, self.demand, self.reader, self._assemble,
-                                    budget=self.schedule.buffer_bytes, prefetch=self.prefetch, start=self.cursor,
+                                    budget=self.schedule.memory_budget, prefetch=self.prefetch, start=self.cursor,
                                     verify=self.verify, fence=fence, batch_bytes=self.batch_bytes,
                                     place=self.buffer_device)
 

@@ -39,15 +39,17 @@ bookkeeping, reserve, limit, residency budget), :mod:`~solar.memory.rank` (:clas
 :mod:`~solar.memory.node` (:class:`NodeMemory` of a node).  Applied to a schedule file:
 :mod:`solar.schedule.memory`.
 """
-from .budget import (BLOCK_BOOKKEEPING, DEFAULT_IO_DEPTH, DEFAULT_PREFETCH, FIXED_OVERHEAD, PLAN_ALLOWANCE,
-                     batch_bytes, bookkeeping_bytes, demand_batch_bytes, largest_batch, max_local_batch, memory_limit,
-                     reserve_bytes, residency_budget)
+from .budget import (BLOCK_BOOKKEEPING, DEFAULT_IO_DEPTH, DEFAULT_PREFETCH, FIXED_OVERHEAD, MAX_READS_IN_FLIGHT,
+                     PLAN_ALLOWANCE, batch_bytes, bookkeeping_bytes, check_reads_in_flight, demand_batch_bytes,
+                     largest_batch, max_local_batch, memory_limit, plan_batch_bytes, read_ahead_bytes, reserve_bytes,
+                     residency_budget)
 from .node import NodeMemory, class_offsets, header_bytes, node_memory, plan_node_memory, staging_lists
 from .rank import MemoryNeed, memory_need
 from .slots import MAX_EXACT_CLASSES, plan_pools, pool_slots, size_classes, slots_needed
 
 __all__ = ["BLOCK_BOOKKEEPING", "DEFAULT_IO_DEPTH", "DEFAULT_PREFETCH", "FIXED_OVERHEAD", "MAX_EXACT_CLASSES",
-           "PLAN_ALLOWANCE", "MemoryNeed", "NodeMemory", "batch_bytes", "bookkeeping_bytes", "class_offsets",
-           "demand_batch_bytes", "header_bytes", "largest_batch", "max_local_batch", "memory_limit", "memory_need",
-           "node_memory", "plan_node_memory", "plan_pools", "pool_slots", "reserve_bytes", "residency_budget",
-           "size_classes", "slots_needed", "staging_lists"]
+           "MAX_READS_IN_FLIGHT", "PLAN_ALLOWANCE", "MemoryNeed", "NodeMemory", "batch_bytes", "bookkeeping_bytes",
+           "check_reads_in_flight", "class_offsets", "demand_batch_bytes", "header_bytes", "largest_batch",
+           "max_local_batch", "memory_limit", "memory_need", "node_memory", "plan_batch_bytes", "plan_node_memory",
+           "plan_pools", "pool_slots", "read_ahead_bytes", "reserve_bytes", "residency_budget", "size_classes",
+           "slots_needed", "staging_lists"]

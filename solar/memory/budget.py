@@ -20,6 +20,8 @@ PLAN_ALLOWANCE = 16 << 20
 #: LLVM and the compiled gather kernels (~43 MiB measured), thread stacks and the reader's per-thread
 #: scratch (one stored chunk each).  What ``solar bench`` compares the RSS growth with.
 FIXED_OVERHEAD = 64 << 20
+#: The most batches of reads in flight a plan may reserve (``solar plan --reads-in-flight``).
+MAX_READS_IN_FLIGHT = 64
 #: Bytes per block the buffer keeps: ``slot_of`` int64 + ``class_of`` int32 + ``block_nbytes`` int64.
 BLOCK_BOOKKEEPING = 20
 
@@ -73,21 +75,48 @@ def memory_limit(residency_budget: int, batch: int, bookkeeping: int) -> int:
     return int(residency_budget + reserve_bytes(batch, bookkeeping))
 
 
-def residency_budget(budget: int, demand, local_batch: int, epsilon: float, layout=None) -> int:
-    """The planner's budget for resident blocks when a rank may use ``budget`` bytes in all:
-    ``budget - (reserve_bytes(...) - PLAN_ALLOWANCE)`` (batches of ``layout``, else bounded from
-    ``demand``, a :class:`~solar.scheduler.Demand`).  SpecError naming the figures when nothing is left."""
+def plan_batch_bytes(demand, local_batch: int, epsilon: float, layout=None) -> int:
+    """Bytes of the largest batch a rank assembles (batches of ``layout``, else bounded from ``demand``, a
+    :class:`~solar.scheduler.Demand`)."""
     n = largest_batch(local_batch, epsilon)
-    batch = batch_bytes(layout, n) if layout is not None else demand_batch_bytes(
+    return batch_bytes(layout, n) if layout is not None else demand_batch_bytes(
         demand.sample_ptr, demand.sample_blocks, demand.block_nbytes, n)
+
+
+def check_reads_in_flight(value) -> int:
+    """``value`` as batches of reads in flight a plan reserves (an integer 1..:data:`MAX_READS_IN_FLIGHT`);
+    SpecError naming it otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) \
+            or not 1 <= value <= MAX_READS_IN_FLIGHT:
+        raise SpecError(f"reads_in_flight must be an integer from 1 to {MAX_READS_IN_FLIGHT} (batches of reads in "
+                        f"flight the budget holds), got {value!r}")
+    return int(value)
+
+
+def read_ahead_bytes(batch: int, reads_in_flight: int = 1) -> int:
+    """Bytes a plan with ``reads_in_flight`` batches of reads in flight holds beyond the one
+    :func:`reserve_bytes` always keeps: pool slots the buffer reads the next steps' misses into while the steps
+    before them are still in use."""
+    return int((check_reads_in_flight(reads_in_flight) - 1) * batch)
+
+
+def residency_budget(budget: int, demand, local_batch: int, epsilon: float, layout=None,
+                     reads_in_flight: int = 1) -> int:
+    """The planner's budget for resident blocks when a rank may use ``budget`` bytes in all:
+    ``budget - (reserve_bytes(...) - PLAN_ALLOWANCE) - read_ahead_bytes(...)`` (batches of ``layout``, else
+    bounded from ``demand``, a :class:`~solar.scheduler.Demand`).  SpecError naming the figures when nothing
+    is left."""
+    n = largest_batch(local_batch, epsilon)
+    batch = plan_batch_bytes(demand, local_batch, epsilon, layout)
     keep = bookkeeping_bytes(demand.n_samples, demand.n_blocks, int(np.shape(demand.sample_blocks)[0]))
-    reserve = max(0, reserve_bytes(batch, keep) - PLAN_ALLOWANCE)
+    reads = check_reads_in_flight(reads_in_flight)
+    reserve = max(0, reserve_bytes(batch, keep) - PLAN_ALLOWANCE) + read_ahead_bytes(batch, reads)
     if reserve >= budget:
         from ..layout.summary import human_bytes as hb
         raise SpecError(f"a budget of {hb(budget)} per rank leaves nothing for the buffer: "
-                        f"{DEFAULT_PREFETCH} + 2 batches of {n} samples ({hb(batch)} each: queued, in "
-                        f"training, read in flight) and {hb(keep)} of bookkeeping take "
-                        f"{hb(reserve + PLAN_ALLOWANCE)}, {hb(PLAN_ALLOWANCE)} of it on top; "
-                        f"raise the budget or lower the local batch")
+                        f"{DEFAULT_PREFETCH + 1 + reads} batches of {n} samples ({hb(batch)} each: "
+                        f"{DEFAULT_PREFETCH} queued, 1 in training, {reads} read in flight) and {hb(keep)} of "
+                        f"bookkeeping take {hb(reserve + PLAN_ALLOWANCE)}, {hb(PLAN_ALLOWANCE)} of it on top; "
+                        f"raise the budget or lower the local batch" + (" or reads_in_flight" if reads > 1 else ""))
     return int(budget - reserve)
 

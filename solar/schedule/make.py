@@ -6,7 +6,8 @@ import os
 from typing import Optional, Tuple, Union
 
 from ..errors import SpecError
-from ..memory import DEFAULT_IO_DEPTH, bookkeeping_bytes, demand_batch_bytes, largest_batch, residency_budget
+from ..memory import (DEFAULT_IO_DEPTH, bookkeeping_bytes, check_reads_in_flight, demand_batch_bytes, largest_batch,
+                      plan_batch_bytes, read_ahead_bytes, residency_budget)
 from ..scheduler.config import (MAX_BYTES, PlanConfig, check_count, check_drop_last, check_epochs,
                                 check_epsilon, check_fraction, parse_bytes)
 from ..scheduler.policies import get_policy
@@ -59,7 +60,8 @@ def plan(data: Union[str, "Demand", object], *, world_size: int, local_batch: Op
          seed: Optional[int] = None, drop_last: Optional[bool] = None, epsilon: Optional[float] = None,
          policy: Optional[str] = None, out: Optional[str] = None, progress: bool = False,
          split: Optional[str] = None, fields=None, window: Optional[int] = None, resume_from=None,
-         ranks_per_node: Optional[int] = None, peer_cost=None, device_buffer=None) -> Schedule:
+         ranks_per_node: Optional[int] = None, peer_cost=None, device_buffer=None,
+         reads_in_flight: Optional[int] = None) -> Schedule:
     """Plan a job and write its schedule to ``out`` (in memory if None); returns the open :class:`Schedule`.
 
     ``data``: a layout spec path / folder / HDF5 file, a :class:`~solar.layout.Layout`
@@ -89,6 +91,11 @@ def plan(data: Union[str, "Demand", object], *, world_size: int, local_batch: Op
     budget, checked against the reads staged on the host (up to 4 steps of misses); not with ``buffer_fraction``,
     ``ranks_per_node`` or ``resume_from``.
 
+    ``reads_in_flight`` (default 1): batches of a rank's budget held for reads in flight.  At a full buffer a
+    step's evictions free slots only once the steps that last used them are assembled, so with one batch the
+    next steps' reads wait for the steps before them (``book_wait_max_s`` in ``solar bench``); each more batch
+    lets reads run further ahead and is a batch less of residency.  Stored as ``read_ahead_bytes``.
+
     ``ranks_per_node``: node-shared buffers (format version 6): ranks ``n*L .. n*L+L-1`` share node n's
     buffer of L x the per-rank budget, planned with a node-pool policy (default ``"solar-peer"``: solar
     per node, plus blocks sent between nodes where ``peer_cost``, a
@@ -100,6 +107,10 @@ def plan(data: Union[str, "Demand", object], *, world_size: int, local_batch: Op
     ``ranks_per_node`` a node job resumes with one buffer per rank (policy ``"solar"`` by default).
     """
     check_count("world_size", world_size)
+    reads = check_reads_in_flight(1 if reads_in_flight is None else reads_in_flight)
+    if device_buffer is not None and reads > 1:
+        raise SpecError("reads_in_flight= with device_buffer=: a device buffer stages its reads on the host "
+                        f"({DEFAULT_IO_DEPTH} steps of misses); leave reads_in_flight at 1")
     host_budget = None
     if device_buffer is not None:  # the residency in device memory; buffer_per_rank stays the host's budget
         device_buffer, host_budget = _device_budget(device_buffer, buffer_per_rank, buffer_fraction, ranks_per_node,
@@ -110,7 +121,7 @@ def plan(data: Union[str, "Demand", object], *, world_size: int, local_batch: Op
         return _plan_resumed(data, resume_from, world_size=world_size, local_batch=local_batch, epochs=epochs,
                              buffer_per_rank=buffer_per_rank, buffer_fraction=buffer_fraction, seed=seed,
                              drop_last=drop_last, epsilon=epsilon, policy=policy, out=out, progress=progress,
-                             split=split, fields=fields, window=window, nodes=nodes)
+                             split=split, fields=fields, window=window, nodes=nodes, reads=reads)
     if nodes is not None and policy is None:
         policy = "solar-peer"
     if local_batch is None or epochs is None:
@@ -124,16 +135,19 @@ def plan(data: Union[str, "Demand", object], *, world_size: int, local_batch: Op
     budget = buffer_bytes(demand, world_size, buffer_per_rank, buffer_fraction)  # all the rank's memory
     epsilon = check_epsilon(0.0 if epsilon is None else epsilon)  # before the budget, which uses it
     drop_last = check_drop_last(bool(drop_last) if drop_last is None else drop_last)
+    layout = None if data is demand else data
     cfg = PlanConfig(world_size, local_batch, epochs,
-                     residency_budget(budget, demand, local_batch, epsilon, None if data is demand else data),
+                     residency_budget(budget, demand, local_batch, epsilon, layout, reads_in_flight=reads),
                      seed=0 if seed is None else seed, drop_last=bool(drop_last), epsilon=epsilon)
+    ahead = read_ahead_bytes(plan_batch_bytes(demand, local_batch, epsilon, layout), reads)
     if host_budget is not None:
         _check_staging(host_budget, demand, local_batch, epsilon)
     S = steps_per_epoch(demand.n_samples, world_size, local_batch, cfg.drop_last)
     node_args = {} if nodes is None else {"nodes": nodes[0], "cost": nodes[1]}
     run = PlanRun(demand, cfg, pol, record=True, open_ended=window > 0, **node_args)  # before the file
     w = ScheduleWriter(out, demand, cfg, pol.name, S, source=source, layout=None if data is demand else data,
-                       window=window, nodes=nodes, buffer_place="host" if device_buffer is None else "device")
+                       window=window, nodes=nodes, buffer_place="host" if device_buffer is None else "device",
+                       read_ahead_bytes=ahead)
     return _write(w, out, lambda: run.advance(cfg.epochs, on_epoch=w.add_epoch, progress=progress))
 
 
@@ -196,7 +210,8 @@ def _check_staging(host_budget: int, demand, local_batch: int, epsilon: float) -
 
 
 def _plan_resumed(data, state, *, world_size: int, local_batch, epochs, buffer_per_rank, buffer_fraction, seed,
-                  drop_last, epsilon, policy, out, progress, split, fields, window, nodes=None) -> Schedule:
+                  drop_last, epsilon, policy, out, progress, split, fields, window, nodes=None,
+                  reads: int = 1) -> Schedule:
     """:func:`plan` with ``resume_from=state``: the rest of a checkpointed job on ``world_size`` ranks (with
     ``nodes``, ``(NodeMap, PeerCost)``: as a node plan)."""
     from ..scheduler import elastic
@@ -215,13 +230,15 @@ def _plan_resumed(data, state, *, world_size: int, local_batch, epochs, buffer_p
                              epsilon=epsilon, policy=policy)
     pol = _policy(job.policy, nodes is not None)
     budget = buffer_bytes(demand, world_size, buffer_per_rank, buffer_fraction)
+    layout = None if data is demand else data
     cfg = PlanConfig(world_size, job.local_batch, job.epochs,
-                     residency_budget(budget, demand, job.local_batch, job.epsilon, None if data is demand else data),
+                     residency_budget(budget, demand, job.local_batch, job.epsilon, layout, reads_in_flight=reads),
                      seed=job.seed, drop_last=job.drop_last, epsilon=job.epsilon)
+    ahead = read_ahead_bytes(plan_batch_bytes(demand, job.local_batch, job.epsilon, layout), reads)
     node_args = {} if nodes is None else {"nodes": nodes[0], "cost": nodes[1]}
     run = elastic.ResumedRun(demand, cfg, pol, job.point, **node_args)  # before the file: SpecError leaves none
     w = ScheduleWriter(out, demand, cfg, pol.name, run.S, source=source, layout=None if data is demand else data,
-                       resume=job.record, nodes=nodes)
+                       resume=job.record, nodes=nodes, read_ahead_bytes=ahead)
     return _write(w, out, lambda: run.advance(w.add_epoch, progress=progress))
 
 

@@ -18,7 +18,7 @@ def schedule_memory(schedule, rank: int, layout=None, prefetch: int = DEFAULT_PR
     books = bookkeeping_bytes(np.shape(d["sample_ptr"])[0] - 1, np.shape(d["block_nbytes"])[0],
                               np.shape(d["sample_blocks"])[0])
     return memory_need(schedule.rank(rank, keep=keep), np.asarray(d["block_nbytes"], np.int64),
-                       residency_budget=schedule.buffer_bytes, batch=batch, bookkeeping=books, prefetch=prefetch,
+                       residency_budget=schedule.memory_budget, batch=batch, bookkeeping=books, prefetch=prefetch,
                        io_depth=io_depth)[0]
 
 
@@ -41,7 +41,7 @@ def schedule_node_memory(schedule, node: int, layout=None, prefetch: int = DEFAU
     L = schedule.nodes.ranks_per_node
     lists = schedule.node_plan(node * L, keep=keep).node(node)
     return plan_node_memory(lists, d["block_nbytes"], np.shape(d["sample_ptr"])[0] - 1, np.shape(d["sample_blocks"])[0],
-                            L=L, budget=schedule.buffer_bytes, batch=batch, prefetch=prefetch, io_depth=io_depth)[0]
+                            L=L, budget=schedule.memory_budget, batch=batch, prefetch=prefetch, io_depth=io_depth)[0]
 
 
 def schedule_memory_summary(schedule) -> dict:

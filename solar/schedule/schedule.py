@@ -116,6 +116,9 @@ class Schedule:
         self.buffer_place = checks.attr_str(a, "buffer_place") if "buffer_place" in a else "host"
         if self.buffer_place not in ("host", "device"):
             raise ScheduleError(f"{self.path}: buffer_place {self.buffer_place!r} is neither 'host' nor 'device'")
+        #: memory per rank held for reads in flight beyond the one batch every plan keeps (``solar plan
+        #: --reads-in-flight``); the loader's pools get it on top of the residency budget
+        self.read_ahead_bytes = checks.attr_int(a, "read_ahead_bytes", 0, 2**62) if "read_ahead_bytes" in a else 0
         ints = {k: checks.attr_int(a, k) for k in ("n_samples", "n_blocks", "steps_per_epoch")}
         if header_digest(a, self.version) != texts["header_sha256"]:
             raise ScheduleError(f"{self.path}: header checksum mismatch: the file is damaged")
@@ -286,6 +289,12 @@ class Schedule:
     @property
     def buffer_bytes(self) -> int:
         return self.config.buffer_bytes
+
+    @property
+    def memory_budget(self) -> int:
+        """The residency budget plus the plan's memory for more reads in flight (:attr:`read_ahead_bytes`): what a
+        rank's memory model (:func:`solar.memory.memory_need`) takes as its budget."""
+        return self.config.buffer_bytes + self.read_ahead_bytes
 
     @property
     def n_steps(self) -> int:
@@ -517,7 +526,7 @@ class Schedule:
                 "fingerprint": self.fingerprint, "source": self.source_rel, "source_abs": self.source_abs,
                 "format_version": self.version, "config": self.config.to_dict(), "layout_bytes": self.layout_bytes,
                 "open_ended": self.open_ended, "window": self.window, "resume": self.resume,
-                "buffer_place": self.buffer_place,
+                "buffer_place": self.buffer_place, "read_ahead_bytes": self.read_ahead_bytes,
                 "nodes": None if self.nodes is None else {"ranks_per_node": self.nodes.ranks_per_node,
                                                           "n_nodes": self.nodes.n_nodes, **self.peer_cost.to_dict()},
                 "n_samples": self.n_samples, "n_blocks": self.n_blocks, "steps_per_epoch": self.steps_per_epoch,

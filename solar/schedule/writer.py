@@ -40,15 +40,21 @@ class ScheduleWriter:
     ``buffer_place="device"``: the residency was planned for a buffer in device memory (``solar plan
     --device-buffer``): the root attribute ``buffer_place`` says so, and the loader puts the pools on the GPU by
     default.  It decides where the buffer lives, not what is read or delivered, and is not in ``header_sha256``.
+    ``read_ahead_bytes``: memory per rank the plan holds for reads in flight beyond the one batch every plan
+    keeps (``solar plan --reads-in-flight``): the root attribute ``read_ahead_bytes`` (absent: 0), which the
+    loader adds to the residency budget for its pools' slots for reads in flight; not in ``header_sha256``
+    (where reads land, not what is read).
     """
 
     def __init__(self, path: Optional[str], demand: Demand, cfg: PlanConfig, policy: str, steps_per_epoch: int,
                  source: str = "", flush_bytes: int = 256 << 20, layout=None, window: int = 0,
-                 resume: Optional[dict] = None, nodes=None, buffer_place: str = "host"):
+                 resume: Optional[dict] = None, nodes=None, buffer_place: str = "host", read_ahead_bytes: int = 0):
         self.path, self.cfg, self.S, self.window = path, cfg, steps_per_epoch, int(window)
         if buffer_place not in ("host", "device"):
             raise ValueError(f"buffer_place must be 'host' or 'device', got {buffer_place!r}")
-        self.buffer_place = buffer_place
+        if isinstance(read_ahead_bytes, bool) or not isinstance(read_ahead_bytes, int) or read_ahead_bytes < 0:
+            raise ValueError(f"read_ahead_bytes must be an integer >= 0, got {read_ahead_bytes!r}")
+        self.buffer_place, self.read_ahead_bytes = buffer_place, read_ahead_bytes
         self.resume = resume
         self.nodes, self.cost = nodes if nodes is not None else (None, None)
         if resume is not None and self.window:
@@ -95,6 +101,8 @@ class ScheduleWriter:
         a["open_ended"], a["window"] = int(self.window > 0), self.window  # window > 0: the first window of K epochs
         if self.buffer_place != "host":
             put_text(a, "buffer_place", self.buffer_place)
+        if self.read_ahead_bytes:
+            a["read_ahead_bytes"] = np.int64(self.read_ahead_bytes)
         g = self.f.create_group("demand")
         _put(g, "sample_ptr", np.asarray(demand.sample_ptr, dtype="<i8"))
         _put(g, "sample_blocks", np.asarray(demand.sample_blocks, dtype=self.idt))
