@@ -148,11 +148,19 @@ def test_bench_equal_memory_refuses_clearly(tmp_path, capsys, monkeypatch):
     assert ex.value.code == 2 and "unknown baseline 'nope'" in capsys.readouterr().err
 
 
-def test_a_baseline_whose_workers_die_is_reported_not_fatal(tmp_path, monkeypatch):
+@pytest.mark.parametrize("equal_memory", [False, True])
+def test_a_baseline_whose_workers_die_is_reported_not_fatal(tmp_path, monkeypatch, equal_memory):
     """A baseline's DataLoader worker killed mid-run (as the OOM killer does under --equal-memory):
-    the bench records it as failed, names it in the report, and runs the other loaders."""
-    from solar.bench import baseline
+    the bench records it as failed, names it in the report, and runs the other loaders (under
+    --equal-memory each of them with its own limit, lifted again after the failed one)."""
+    from solar.bench import baseline, memlimit
     from solar.bench.compare import bench, format_report
+    from solar.errors import SolarError
+    if equal_memory:
+        try:
+            memlimit.locate("probe")
+        except SolarError as exc:
+            pytest.skip(str(exc))
     data = make_dataset(tmp_path, "ptychonn", "contiguous", samples=16)
     real, calls = baseline._epoch, []
 
@@ -164,8 +172,12 @@ def test_a_baseline_whose_workers_die_is_reported_not_fatal(tmp_path, monkeypatc
     monkeypatch.setattr(baseline, "_epoch", dying_first_epoch)
     from mpi4py import MPI
     rep = bench(data, comm=MPI.COMM_SELF, epochs=2, local_batch=2, num_workers=0, cold=True,
-                baselines=("torch", "memmap", "batched"))
+                baselines=("torch", "memmap", "batched"), equal_memory=equal_memory)
     assert "pid(s) 4242" in rep["baselines"]["torch"]["failed"] and "epoch 0" in rep["baselines"]["torch"]["failed"]
+    if equal_memory:  # the failed baseline had its limit; the next ones theirs
+        for k in ("torch", "memmap", "batched"):
+            b = rep["baselines"][k]
+            assert b["memory_cgroup_limit_bytes"] - b["memory_base_bytes"] >= rep["memory_limit_bytes"]
     assert len(rep["baselines"]["memmap"]["samples_per_s"]) == 2 and len(rep["baselines"]["batched"]["epochs"]) == 2
     assert "speedup" not in rep and set(rep["best_baseline"]) <= {"memmap", "batched"}
     assert len(rep["speedup_vs_best"]) == 2

@@ -241,6 +241,7 @@ def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float
         out["pool_bytes_per_node" if nodes else "pool_bytes_per_rank"] = comm.allreduce(
             loader.buffer.pools.capacity_bytes if loader.buffer else 0, op=_max())  # a node plan's: the node's window
         out["buffer_budget_per_rank"] = loader.schedule.buffer_bytes  # the planner's residency budget
+        out["read_ahead_bytes"] = loader.schedule.read_ahead_bytes  # held for more reads in flight (--reads-in-flight)
         # the memory the plan needs, of the rank (node) that needs most (solar.memory), next to the RSS growth
         needs = comm.allgather(loader.memory.to_dict())
         out["memory_need_per_node" if nodes else "memory_need_per_rank"] = max(needs, key=lambda m: m["total"])
@@ -373,43 +374,48 @@ def _limit(node, budget: int, allowance: int) -> int:
     return node.allreduce(int(budget)) + int(allowance)
 
 
-def _limit_loader(cg, node, comm, data_bytes: int) -> Optional[dict]:
-    """Limit each node's cgroup to what its processes hold now (the loader's base: started, nothing read
-    yet) plus ``data_bytes``: ``{"memory_base_bytes", "memory_cgroup_limit_bytes"}`` (the largest over the
-    nodes), None without a cgroup.  Collective over ``comm`` (call it when this rank's loader is up); an
-    error on any node raises the same :class:`SolarError` on every rank."""
-    if cg is None:
-        return None
+def _node_root(cg, node, comm, what: str, fn) -> list:
+    """``fn(cg)`` on each node's rank 0, every rank of the node here before and after it: the nodes' results.
+    Collective over ``comm``; an exception on any node raises the same :class:`SolarError` on every rank."""
     from ..errors import SolarError
     from ..mpi import sleep_barrier
-    sleep_barrier(node)  # every rank of the node has its processes up
+    sleep_barrier(node)
     got, err = None, None
     if node.rank == 0:
         try:
-            base = cg.base_bytes()
-            cg.set_limit(int(base + data_bytes))
-            got = (base, cg.limit_bytes)
-        except (OSError, SolarError) as exc:
-            err = f"--equal-memory: cannot limit {cg.path}: {exc}"
-    every = comm.allgather((got, err))
-    errs = [e for _, e in every if e]
+            got = fn(cg)
+        except Exception as exc:  # noqa: BLE001 - said on every rank below
+            err = f"--equal-memory: cannot {what} {cg.path}: {exc}"
+    every = comm.allgather((node.rank == 0, got, err))
+    errs = [e for _, _, e in every if e]
     if errs:
         raise SolarError(errs[0])
-    sleep_barrier(node)  # no rank reads before its node's limit holds
-    got = [g for g, _ in every if g]
+    sleep_barrier(node)  # e.g. no rank reads before its node's limit holds
+    return [g for root, g, _ in every if root]
+
+
+def _limit_loader(cg, node, comm, data_bytes: int) -> Optional[dict]:
+    """Limit each node's cgroup to what its processes hold now (the loader's base: started, nothing read
+    yet) plus ``data_bytes``, and start its peak over: ``{"memory_base_bytes", "memory_cgroup_limit_bytes"}``
+    (the largest over the nodes), None without a cgroup.  Collective over ``comm`` (call it when this rank's
+    loader is up); an error on any node raises the same :class:`SolarError` on every rank."""
+    if cg is None:
+        return None
+
+    def limit(c):
+        base = c.base_bytes()
+        c.set_limit(int(base + data_bytes))
+        c.reset_peak()
+        return base, c.limit_bytes
+    got = _node_root(cg, node, comm, "limit", limit)
     return {"memory_base_bytes": max(g[0] for g in got), "memory_cgroup_limit_bytes": max(g[1] for g in got)}
 
 
-def _unlimit(cg, node):
-    """Lift the node's cgroup limit once every rank of the node is done with a loader (the next one starts
-    its processes without a limit).  Collective over ``node``."""
-    if cg is None:
-        return
-    from ..mpi import sleep_barrier
-    sleep_barrier(node)
-    if node.rank == 0:
-        cg.set_limit(None)
-    sleep_barrier(node)
+def _unlimit(cg, node, comm):
+    """Lift the nodes' cgroup limits once every rank of each node is done with a loader (the next one starts
+    its processes without a limit).  Collective over ``comm``."""
+    if cg is not None:
+        _node_root(cg, node, comm, "lift the limit of", lambda c: c.set_limit(None))
 
 
 def _peak(cg, node, comm):
@@ -419,11 +425,6 @@ def _peak(cg, node, comm):
     val = cg.peak_bytes() if node.rank == 0 else None
     vals = [v for v in comm.allgather(val) if v is not None]
     return max(vals) if vals else None
-
-
-def _reset_peak(cg, node):
-    if cg is not None and node.rank == 0:
-        cg.reset_peak()
 
 
 def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fraction: Optional[float] = 0.5,
@@ -541,6 +542,7 @@ def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fra
     # baselines' threads in this process (the DataLoader's pinning thread) get it too
     loader_options = dict(loader_options or {}, switch_interval=switch)
     report["switch_interval_s"] = switch
+    report["reads_in_flight"] = 1 if reads_in_flight is None else int(reads_in_flight)
     restore_gil = lower(switch)
     try:
         if device != "cpu" or model != "none":
@@ -625,7 +627,6 @@ def _run_loaders(report, spec, layout, schedule, *, comm, node, cg, epochs, loca
 
         def limit():  # after solar's throwaway warm-up loader, before the timed one (see run_solar)
             limited.update(_limit_loader(cg, node, comm, data_bytes) or {})
-            _reset_peak(cg, node)
         from ..mpi import root_call
         _say(log, f"solar: {epochs} epoch(s)")
         report["solar"] = run_solar(schedule, layout, comm=comm, epochs=epochs, step_time=step_time,
@@ -636,7 +637,7 @@ def _run_loaders(report, spec, layout, schedule, *, comm, node, cg, epochs, loca
                                     limit=limit if cg is not None else None)
         report["solar"]["memory_peak_bytes"] = _peak(cg, node, comm)
         report["solar"].update(limited)
-        _unlimit(cg, node)
+        _unlimit(cg, node, comm)
     if "baseline" not in loaders:
         return
     report["baselines"] = {}
@@ -660,10 +661,10 @@ def _run_loaders(report, spec, layout, schedule, *, comm, node, cg, epochs, loca
         except BaselineFailed as exc:  # e.g. its workers outgrew the --equal-memory limit: say so, go on
             report["baselines"][kind] = {"failed": str(exc) + (" (killed under the memory limit?)" if cg else ""),
                                          "memory_peak_bytes": _peak(cg, node, comm), **limited}
-            _unlimit(cg, node)
+            _unlimit(cg, node, comm)
             _say(log, f"baseline {kind}: failed ({report['baselines'][kind]['failed']})")
             continue
-        _unlimit(cg, node)
+        _unlimit(cg, node, comm)
         _say(log, f"baseline {kind}: " + ", ".join(f"{e['samples_per_s']:.1f}" + ("*" if e.get("partial") else "")
                                                    for e in eps) + " samples/s per epoch"
              + (" (*: stopped at the time limit)" if any(e.get("partial") for e in eps) else ""))
@@ -689,7 +690,6 @@ def _limit_first(drop, limited: dict, cg, node, comm, data_bytes):
         if first[0]:
             first[0] = False
             limited.update(_limit_loader(cg, node, comm, data_bytes))
-            _reset_peak(cg, node)
         return drop() if drop is not None else None
     return limit_then_drop
 
@@ -853,8 +853,8 @@ def format_report(r: dict) -> str:
                      + ", ".join(f"{ep['blocks_vs_plan']:.3f}" if ep.get("blocks_vs_plan") else "-" for ep in eps)
                      + f"); {sum(ep.get('verified', 0) for ep in eps)} delivered samples equal to h5py's")
         if any(ep.get("book_wait_max_s") for ep in eps):
-            lines.append("solar reads waiting for free slots (s per epoch, the slowest rank; reads of the next steps "
-                         "wait while the steps before them are assembled): "
+            lines.append("solar steps waiting to be booked (s per epoch, the slowest rank: their reads need slots the "
+                         "steps before them still hold; node pools: also the other ranks): "
                          + ", ".join(f"{ep.get('book_wait_max_s', 0.0):.2f}" for ep in eps))
         if all(ep.get("disk_random_read_gbps_after") is not None for ep in eps):
             lines.append("disk cold random read after each solar epoch: "

@@ -205,21 +205,47 @@ class MemoryCgroup:
         _write(os.path.join(back, "cgroup.procs"), f"{os.getpid()}\n")
 
     def reset_peak(self):
-        """Start a new peak-usage window (v1 ``memory.max_usage_in_bytes``; a no-op on v2)."""
-        if self.limit_file == "memory.limit_in_bytes":
+        """Start a new peak-usage window: v1 ``memory.max_usage_in_bytes``; v2 ``memory.peak`` through a file
+        this object keeps open (Linux 6.12+ resets the peak per open file); where v2 cannot reset it, the peak
+        is unknown (:meth:`peak_bytes` None) rather than the cgroup's lifetime peak."""
+        if self._v1:
             _write(os.path.join(self.path, "memory.max_usage_in_bytes"), "0\n")
+            return
+        self._close_peak()
+        try:
+            fh = open(os.path.join(self.path, "memory.peak"), "r+")
+        except OSError:
+            return
+        try:
+            fh.write("reset\n")
+            fh.flush()
+        except OSError:  # a kernel before 6.12: the peak since creation only
+            fh.close()
+            return
+        self._peak_fh = fh
+
+    def _close_peak(self):
+        fh, self._peak_fh = getattr(self, "_peak_fh", None), None
+        if fh is not None:
+            fh.close()
 
     def peak_bytes(self) -> Optional[int]:
-        """Peak usage (page cache included) since :meth:`reset_peak` or creation; None where unknown."""
-        name = "memory.max_usage_in_bytes" if self.limit_file == "memory.limit_in_bytes" else "memory.peak"
+        """Peak usage (page cache included) since :meth:`reset_peak` (v1: or creation); None where unknown."""
         try:
-            with open(os.path.join(self.path, name)) as fh:
-                return int(fh.read().strip())
+            if self._v1:
+                with open(os.path.join(self.path, "memory.max_usage_in_bytes")) as fh:
+                    return int(fh.read().strip())
+            fh = getattr(self, "_peak_fh", None)
+            if fh is None:
+                return None
+            fh.seek(0)
+            return int(fh.read().strip())
         except (OSError, ValueError):
             return None
 
     def remove(self, back: Optional[str]):
         """Move what is left to the cgroup dir ``back`` (if given) and delete this one (retries while busy)."""
+        self._close_peak()
         for _ in range(50):
             if back:
                 for pid in self.procs():

@@ -24,7 +24,9 @@ from ..errors import SpecError
 #: ``solar bench --switch-interval``); Python's own default is 0.005.
 DEFAULT_SWITCH_INTERVAL = 0.0005
 
-_lock = threading.Lock()
+# reentrant: a loader never closed gives its hold back from its finalizer, which the garbage collector may run
+# inside lower() or release() on the same thread
+_lock = threading.RLock()
 _users = 0
 _saved: Optional[float] = None
 _set: Optional[float] = None
@@ -63,7 +65,7 @@ def lower(value) -> Callable[[], None]:
             if done[0]:
                 return
             done[0] = True
-            _users -= 1
+            _users = max(0, _users - 1)
             if _users == 0:
                 if _set is not None and sys.getswitchinterval() == _set:  # nobody changed it since
                     sys.setswitchinterval(_saved)
