@@ -2,7 +2,7 @@
 # One prepared check of solar on a GPU machine with no network, in about 5 minutes on 16 cores.
 #
 #   benchmarks/gpu_check.sh OUTDIR [SECTION ...]      (sections: basics, cores, bench, conv, resident, nodes,
-#                                                          depth, gil, reads, eqmem; default basics cores)
+#                                                          depth, gil, reads, sync, eqmem; default basics cores)
 #
 # It generates the data, trains the examples on CUDA, runs `solar bench --device cuda` cold, and writes
 # into OUTDIR (what comes back from such a machine: 8 files at most, so few and named):
@@ -28,6 +28,8 @@
 #   gil      issue 24: that bench, solar alone, with Python's GIL switch interval against solar's 0.5 ms (twice
 #            each, interleaved) and without the model (gil.json)
 #   reads    issue 24: that bench, solar alone, planned with --reads-in-flight 1 and 4, twice each (reads.json)
+#   sync     issue 25: the gzip file on R ranks, solar alone, node pool against a buffer per rank with --step-sync
+#            (the ranks wait for each other after every step, as in DDP), twice each (sync.json)
 #   eqmem    issue 25: nodes' contiguous run with every loader under --equal-memory alone (eqmem.json)
 #   resident the all-resident `solar bench` pair alone (bench-resident)
 #   nodes    issue 25: SOLAR_GPU_RANKS (8) ranks on the node, cold, the node pool (the default) against a buffer
@@ -342,6 +344,22 @@ reads() {
     merge "$OUT/reads.json" reads 1 4 1b 4b
 }
 
+# issue 25: the gzip file on R ranks, solar alone, the node pool against a buffer per rank with the ranks waiting for
+# each other after every step (--step-sync, as DDP training does), twice each interleaved; sync.json
+sync() {
+    [ -n "$MPIEXEC" ] || return 0
+    local R=${SOLAR_GPU_RANKS:-8} G=$WORK/ptycho-gzip
+    [ -f "$G/ptychonn.h5" ] || run gen-gzip 120 "${SOLAR[@]}" gen ptychonn "$G" --samples $(( N / 2 )) --size "$SIZE" \
+        --storage gzip --overwrite --no-progress
+    local bench=("$MPIEXEC" --bind-to none -n "$R" "${SOLAR[@]}" bench "$G" --epochs 3 --buffer-fraction 0.5 --cold --json
+                 --no-progress --only solar --step-sync)
+    STDOUT=$WORK/sync-node.json run sync-node 60 "${bench[@]}"
+    STDOUT=$WORK/sync-rank.json run sync-rank 60 "${bench[@]}" --no-node-pool
+    STDOUT=$WORK/sync-node2.json run sync-node2 60 "${bench[@]}"
+    STDOUT=$WORK/sync-rank2.json run sync-rank2 60 "${bench[@]}" --no-node-pool
+    merge "$OUT/sync.json" sync node rank node2 rank2
+}
+
 # issue 25: the contiguous file on R ranks with every loader under --equal-memory alone (section nodes' last run)
 eqmem() {
     [ -n "$MPIEXEC" ] || return 0
@@ -379,8 +397,9 @@ for s in $SECTIONS; do
         nodes) nodes ;;
         gil) gil ;;
         reads) reads ;;
+        sync) sync ;;
         eqmem) eqmem ;;
-        *) say "unknown section $s (sections: basics cores bench conv resident nodes depth gil reads eqmem)" ;;
+        *) say "unknown section $s (sections: basics cores bench conv resident nodes depth gil reads sync eqmem)" ;;
     esac
 done
 

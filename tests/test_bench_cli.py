@@ -183,3 +183,22 @@ def test_a_baseline_whose_workers_die_is_reported_not_fatal(tmp_path, monkeypatc
     assert len(rep["speedup_vs_best"]) == 2
     text = format_report(rep)
     assert "baseline torch: failed (torch failed in epoch 0: rank 0: DataLoader worker (pid(s) 4242)" in text
+
+
+@pytest.mark.mpi
+def test_bench_step_sync_runs_solar_alone(comm, shared_tmp):
+    """--step-sync: the ranks wait for each other after every step (as DDP's all-reduce); solar alone, and
+    asked with baselines a clear error on every rank before any work."""
+    from conftest import on_root
+
+    from solar.bench.compare import bench
+    from solar.errors import SolarError
+    data = on_root(comm, lambda: make_dataset(shared_tmp, "ptychonn", "chunked", samples=24))
+    with pytest.raises(SolarError, match="--step-sync runs solar alone"):
+        bench(data, comm=comm, epochs=1, local_batch=2, cold=False, step_sync=True)
+    with pytest.raises(SolarError, match="step_sync must be True or False"):
+        bench(data, comm=comm, epochs=1, local_batch=2, cold=False, step_sync=1, loaders=("solar",))
+    rep = bench(data, comm=comm, epochs=2, local_batch=2, cold=False, step_sync=True, loaders=("solar",))
+    assert rep["step_sync"] is True and "baselines" not in rep
+    assert [e["global_samples"] for e in rep["solar"]["epochs"]] == [24, 24]
+    assert all(e["verified"] > 0 for e in rep["solar"]["epochs"])

@@ -93,7 +93,7 @@ def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float
               abort_on_error: bool = True, reader_options: Optional[dict] = None,
               probe: Optional[Callable[[], float]] = None, replay: bool = True, consume=None,
               log: Optional[Callable[[str], None]] = None, loader_options: Optional[dict] = None,
-              limit: Optional[Callable[[], None]] = None) -> dict:
+              limit: Optional[Callable[[], None]] = None, step_sync: bool = False) -> dict:
     """Time SolarLoader epoch by epoch, measured as the baseline is (drop, barrier, timed loop).
 
     ``abort_on_error``: passed to SolarLoader (an error on one rank aborts the job).  ``probe``: called by
@@ -113,7 +113,9 @@ def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float
     is cold) are in no epoch; its seconds are ``warmup_s`` (the caller drops the page cache before each
     epoch where it measures cold).  ``limit``: called by every rank once that throwaway loader is gone and
     before the timed one is built (``solar bench --equal-memory`` sets the loader's memory limit there: its
-    base then holds the kernels numba loaded, as a baseline's holds its started workers)."""
+    base then holds the kernels numba loaded, as a baseline's holds its started workers).  ``step_sync``: every
+    rank waits for all the others after each step, as DDP's gradient all-reduce makes a training loop do (a
+    barrier that sleeps in 0.2 ms polls instead of spinning)."""
     import gc
 
     from ..loader import SolarLoader
@@ -182,6 +184,8 @@ def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float
                     consume(batch)
                 elif step_time:
                     time.sleep(step_time)
+                if step_sync:
+                    sleep_barrier(comm, 0.0002)
                 if bar is not None:
                     bar.update()
             if consume is not None:
@@ -436,7 +440,7 @@ def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fra
           ranks_per_node: Optional[int] = None, policy: Optional[str] = None, peer_cost=None,
           reader_options: Optional[dict] = None, device: str = "cpu", model: str = "none", amp: str = "auto",
           log: Optional[Callable[[str], None]] = None, loader_options: Optional[dict] = None,
-          reads_in_flight: Optional[int] = None) -> dict:
+          reads_in_flight: Optional[int] = None, step_sync: bool = False) -> dict:
     """Run the comparison; returns the report (the same on every rank).
 
     ``schedule``: the schedule file rank 0 writes (every rank must see it); default
@@ -458,6 +462,8 @@ def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fra
     ``abort_on_error=False``: SolarLoader leaves an error on one rank to the caller (no MPI abort).
     ``reader_options``: passed to solar's reader (e.g. ``{"direct_io": True}``).
     ``reads_in_flight``: :func:`solar.plan`'s (batches of the budget held for reads in flight; default 1).
+    ``step_sync``: solar's ranks wait for each other after every step, as DDP training does (solar alone:
+    ``loaders=("solar",)``; a baseline's epoch may stop at its time limit on each rank apart).
     ``ranks_per_node``/``policy``/``peer_cost``: solar runs a node plan (:func:`solar.plan`'s arguments;
     a test topology may put several planned nodes on one machine); its epochs then report the peer
     bytes moved next to the plan's.  Every solar epoch checks :data:`VERIFY` delivered samples per rank
@@ -493,6 +499,11 @@ def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fra
     switch = check_interval((loader_options or {}).get("switch_interval", DEFAULT_SWITCH_INTERVAL))
     if reads_in_flight is not None:
         check_reads_in_flight(reads_in_flight)
+    if not isinstance(step_sync, bool):
+        raise SolarError(f"step_sync must be True or False, got {step_sync!r}")
+    if step_sync and "baseline" in loaders:
+        raise SolarError("--step-sync runs solar alone (--only solar): a baseline's epoch stops at its time limit "
+                         "on each rank apart, so its ranks cannot wait for each other after every step")
     P = comm.Get_size()
 
     # 1. the plan: rank 0 builds the layout from the HDF5 metadata and writes the schedule while the others
@@ -543,6 +554,7 @@ def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fra
     loader_options = dict(loader_options or {}, switch_interval=switch)
     report["switch_interval_s"] = switch
     report["reads_in_flight"] = 1 if reads_in_flight is None else int(reads_in_flight)
+    report["step_sync"] = step_sync
     restore_gil = lower(switch)
     try:
         if device != "cpu" or model != "none":
@@ -575,7 +587,8 @@ def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fra
                      threads=threads, prefetch=prefetch, num_workers=num_workers, progress=progress,
                      abort_on_error=abort_on_error, loaders=loaders, baselines=baselines, budget=budget,
                      time_limit=baseline_time_limit, reader_options=reader_options, disk_depth=disk_depth,
-                     consume=consume, log=log, loader_options=loader_options, data_bytes=data_bytes)
+                     consume=consume, log=log, loader_options=loader_options, data_bytes=data_bytes,
+                     step_sync=step_sync)
     finally:
         restore_gil()
         if cg is not None:
@@ -612,7 +625,7 @@ def _consumer(step, spec, layout, local_batch: int, local_rank: int):
 def _run_loaders(report, spec, layout, schedule, *, comm, node, cg, epochs, local_batch, seed, step_time, drop,
                  reader, threads, prefetch, num_workers, progress, abort_on_error, loaders, baselines, budget,
                  time_limit=None, reader_options=None, disk_depth=16, consume=None, log=None,
-                 loader_options=None, data_bytes=None):
+                 loader_options=None, data_bytes=None, step_sync=False):
     """Run solar and each baseline in turn, filling ``report["solar"]``, ``["baselines"]``, ``["baseline"]``;
     ``log`` gets a line as each loader and each of its epochs starts, and each loader's samples/s.  With a
     cgroup ``cg``, each loader runs limited to its base plus ``data_bytes`` (:func:`_limit_loader`): solar's
@@ -634,7 +647,7 @@ def _run_loaders(report, spec, layout, schedule, *, comm, node, cg, epochs, loca
                                     progress=progress, abort_on_error=abort_on_error, reader_options=reader_options,
                                     probe=lambda: root_call(comm, lambda: measure_random(layout, disk_depth)),
                                     consume=consume, log=log, loader_options=loader_options,
-                                    limit=limit if cg is not None else None)
+                                    limit=limit if cg is not None else None, step_sync=step_sync)
         report["solar"]["memory_peak_bytes"] = _peak(cg, node, comm)
         report["solar"].update(limited)
         _unlimit(cg, node, comm)

@@ -91,6 +91,9 @@ def add_parser(sub):
     p.add_argument("--reads-in-flight", type=positive_int, metavar="N",
                    help="solar plan's --reads-in-flight: batches of each rank's budget held for reads in flight "
                         "(default 1)")
+    p.add_argument("--step-sync", action="store_true",
+                   help="with --only solar: the ranks wait for each other after every step, as DDP's gradient "
+                        "all-reduce makes training do")
     p.add_argument("--switch-interval", type=float, default=None, metavar="SECONDS",
                    help="the interpreter's GIL switch interval during the run, every loader alike (default "
                         "0.0005, SolarLoader's default; 0: Python's own, 0.005)")
@@ -204,7 +207,7 @@ def run(args) -> int:
                     progress=args.progress and comm.rank == 0 and _is_terminal(sys.stderr),
                     abort_on_error=args.abort_on_error,
                     baseline_time_limit=args.baseline_time_limit or None, ranks_per_node=L,
-                    reads_in_flight=args.reads_in_flight,
+                    reads_in_flight=args.reads_in_flight, step_sync=args.step_sync,
                     policy=args.policy, peer_cost=cost, reader_options=args.reader_options,
                     device=args.device, model=args.model, amp=args.amp,
                     loader_options={k: v for k, v in (("cpus", args.cpus), ("buffer_device", args.buffer_device),
