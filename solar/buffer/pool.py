@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import mmap
+import threading
 
 import numpy as np
 
@@ -26,6 +27,9 @@ def pool_memory(nbytes: int) -> np.ndarray:
 
 
 MADV_POPULATE_WRITE = 23  # Linux >= 5.14: fault pages in writable without touching their bytes
+#: Bytes a background populator faults in per call (:class:`Populator`).
+POPULATE_CHUNK = 32 << 20
+_CAN_POPULATE = None
 
 
 def populate(buf: np.ndarray, lo: int, hi: int) -> bool:
@@ -49,6 +53,55 @@ def populate(buf: np.ndarray, lo: int, hi: int) -> bool:
     return madvise(start, end - start, MADV_POPULATE_WRITE) == 0
 
 
+def can_populate() -> bool:
+    """True where :func:`populate` works here (Linux >= 5.14), tried once on a page of its own."""
+    global _CAN_POPULATE
+    if _CAN_POPULATE is None:
+        probe = np.frombuffer(mmap.mmap(-1, mmap.PAGESIZE), dtype=np.uint8)
+        _CAN_POPULATE = populate(probe, 0, probe.shape[0])
+    return _CAN_POPULATE
+
+
+def lazy_memory(nbytes: int) -> np.ndarray:
+    """uint8[nbytes], its pages not faulted in yet (an anonymous private mapping; small ones ``numpy.empty``)."""
+    if nbytes >= POPULATE_MIN:
+        try:
+            return np.frombuffer(mmap.mmap(-1, int(nbytes), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS),
+                                 dtype=np.uint8)
+        except (OSError, ValueError):
+            pass
+    return np.empty(int(nbytes), dtype=np.uint8)
+
+
+class Populator:
+    """Faults pools' pages in from a thread of its own, lowest addresses first and the pools side by side (the
+    order their slots are handed out in), :data:`POPULATE_CHUNK` bytes a call (``madvise`` without the GIL).
+    Reads that reach a page first fault it in themselves; what this saves is the start-up waiting for all of
+    it.  :meth:`close` stops it (between chunks) and waits for it."""
+
+    def __init__(self, arrays, chunk: int = POPULATE_CHUNK):
+        self._stop = threading.Event()
+        flat = [a.reshape(-1) for a in arrays if a.size]
+        self._thread = threading.Thread(target=self._run, args=(flat, int(chunk)), name="solar-populate", daemon=True)
+        self._thread.start()
+
+    def _run(self, flat, chunk: int):
+        sizes = [a.shape[0] for a in flat]
+        k = max(1, -(-sum(sizes) // chunk))
+        for i in range(k):
+            for a, z in zip(flat, sizes):
+                if self._stop.is_set():
+                    return
+                populate(a, z * i // k, z * (i + 1) // k)
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def close(self):
+        self._stop.set()
+        self._thread.join()
+
+
 class SlotPools:
     """``slots[c]`` fixed-size slots of ``class_bytes[c]`` bytes each, allocated once.
 
@@ -61,13 +114,20 @@ class SlotPools:
     ``memory``: a uint8 buffer to carve the pools from instead (a shared-memory window of
     node-shared pools, :mod:`solar.buffer.node_pools`): class c starts at ``offsets[c]``
     (default: packed one after the other), ``slots[c] * class_bytes[c]`` bytes each.
+    ``background``: (own memory only) the pages are faulted in by a :class:`Populator` thread while the
+    buffer already runs, where the OS can (else at once, as without it); :meth:`close` stops it.
     """
 
-    def __init__(self, class_bytes: np.ndarray, slots: np.ndarray, memory=None, offsets=None):
+    def __init__(self, class_bytes: np.ndarray, slots: np.ndarray, memory=None, offsets=None,
+                 background: bool = False):
         self.class_bytes = np.asarray(class_bytes, dtype=np.int64)
         self.slots = np.asarray(slots, dtype=np.int64)
         sizes = [int(n) * int(sz) for sz, n in zip(self.class_bytes, self.slots)]
-        if memory is None:
+        self.populator = None
+        lazy = memory is None and background and can_populate()
+        if lazy:
+            mem = [lazy_memory(z) for z in sizes]
+        elif memory is None:
             mem = [pool_memory(z) for z in sizes]
         else:
             buf = np.frombuffer(memory, dtype=np.uint8)
@@ -80,6 +140,13 @@ class SlotPools:
         # stack[c][:top[c]] are the free slots of class c, the next to hand out last
         self.stack = [np.arange(int(n) - 1, -1, -1, dtype=np.int64) for n in self.slots]
         self.top = [int(n) for n in self.slots]
+        if lazy:
+            self.populator = Populator(self.arrays)
+
+    def close(self):
+        """Stop faulting pages in (if a :class:`Populator` still runs)."""
+        if self.populator is not None:
+            self.populator.close()
 
     @property
     def capacity_bytes(self) -> int:

@@ -53,8 +53,8 @@ class RankPlace:
         self.memory, slots, self.class_of, class_bytes = rank_memory(
             rank_plan, demand, budget=self.budget, batch_bytes=batch_bytes, prefetch=self.prefetch,
             io_depth=self.io_depth)
-        if device is None:
-            self.pools = SlotPools(class_bytes, slots)
+        if device is None:  # faulted in beside the first reads, not before them (start-up counts in epoch 0)
+            self.pools = SlotPools(class_bytes, slots, background=True)
         else:
             from .device_pools import DevicePools
             self.pools = DevicePools(class_bytes, slots, device)
@@ -173,7 +173,7 @@ class RankPlace:
 
     def close(self, q):
         close = getattr(self.pools, "close", None)
-        if close is not None:  # device pools: the copies queued on the device done before the pools may go
+        if close is not None:  # device pools: the copies queued on the device done; host pools: the populator stopped
             close()
 
     def fail(self, exc: BaseException):

@@ -289,7 +289,8 @@ class SolarLoader:
                                     place=self.buffer_device)
 
     def prepare(self) -> float:
-        """Build the buffer now, before the first batch: its pools allocated and faulted in, this rank's plan
+        """Build the buffer now, before the first batch: its pools allocated (a rank's own are faulted in by a
+        thread of their own from here on, :class:`~solar.buffer.pool.Populator`), this rank's plan
         loaded, the prefetch thread started; returns the seconds it took.  With ``epoch_fence`` nothing is
         read before the first batch is asked for, so the first epoch's time is its reads (``solar bench``
         times start-up apart this way).  Iterating prepares when this was not called.  Collective over
