@@ -110,13 +110,15 @@ def residency_budget(budget: int, demand, local_batch: int, epsilon: float, layo
     batch = plan_batch_bytes(demand, local_batch, epsilon, layout)
     keep = bookkeeping_bytes(demand.n_samples, demand.n_blocks, int(np.shape(demand.sample_blocks)[0]))
     reads = check_reads_in_flight(reads_in_flight)
-    reserve = max(0, reserve_bytes(batch, keep) - PLAN_ALLOWANCE) + read_ahead_bytes(batch, reads)
+    base = reserve_bytes(batch, keep)
+    reserve = max(0, base - PLAN_ALLOWANCE) + read_ahead_bytes(batch, reads)
     if reserve >= budget:
         from ..layout.summary import human_bytes as hb
         raise SpecError(f"a budget of {hb(budget)} per rank leaves nothing for the buffer: "
                         f"{DEFAULT_PREFETCH + 1 + reads} batches of {n} samples ({hb(batch)} each: "
                         f"{DEFAULT_PREFETCH} queued, 1 in training, {reads} read in flight) and {hb(keep)} of "
-                        f"bookkeeping take {hb(reserve + PLAN_ALLOWANCE)}, {hb(PLAN_ALLOWANCE)} of it on top; "
+                        f"bookkeeping take {hb(base + read_ahead_bytes(batch, reads))}, "
+                        f"{hb(min(base, PLAN_ALLOWANCE))} of it on top; "
                         f"raise the budget or lower the local batch" + (" or reads_in_flight" if reads > 1 else ""))
     return int(budget - reserve)
 
