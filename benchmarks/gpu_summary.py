@@ -99,6 +99,18 @@ def bench_rows(rep: dict) -> List[dict]:
     return out
 
 
+def _report(path: str):
+    """The report (or merged reports) in ``path``; None where the file is missing, empty or holds none (said on
+    stderr)."""
+    if not (os.path.exists(path) and os.path.getsize(path)):
+        return None
+    try:
+        return load_report(path)
+    except ValueError as e:
+        print(f"gpu_summary: {os.path.basename(path)}: {e}", file=sys.stderr)
+        return None
+
+
 def node_rows(path: str) -> dict:
     """What the ``nodes`` section keeps of each of its ``solar bench`` reports (files ``nodes-<data>-<mode>.json``
     in ``path``): per epoch solar's samples/s, storage bytes (solar's and the OS's), the limit ratio against
@@ -109,13 +121,8 @@ def node_rows(path: str) -> dict:
     for name in sorted(os.listdir(path)):
         if not (name.startswith("nodes-") and name.endswith(".json")):
             continue
-        f = os.path.join(path, name)
-        if not os.path.getsize(f):
-            continue
-        try:
-            rep = load_report(f)
-        except ValueError as e:
-            print(f"gpu_summary: {name}: {e}", file=sys.stderr)
+        rep = _report(os.path.join(path, name))
+        if rep is None:
             continue
         sol = rep.get("solar", {})
         eps = sol.get("epochs", [])
@@ -129,6 +136,34 @@ def node_rows(path: str) -> dict:
             best_baseline=best,
             best_baseline_samples_per_s=[rep["baselines"][b]["samples_per_s"][i] if b else None
                                          for i, b in enumerate(best)])
+    return out
+
+
+#: Sections whose reports gpu_check.sh merges into OUTDIR/<section>.json ({run: report}), summarised per run.
+MERGED = ("depth", "gil", "reads", "sync")
+
+
+def merged_rows(outdir: str) -> dict:
+    """``{"<section> <run>": row}`` of the merged sections' reports (and ``eqmem.json``, one report): per epoch
+    solar's samples/s, storage GB/s, limit ratio against the best depth, seconds its steps waited to be booked
+    and the GPU's waits, and for eqmem each baseline's samples/s."""
+    out = {}
+    for sec in MERGED + ("eqmem",):
+        reps = _report(os.path.join(outdir, sec + ".json"))
+        if reps is None:
+            continue
+        for run, rep in ({"": reps} if sec == "eqmem" else reps).items():
+            eps = rep.get("solar", {}).get("epochs", [])
+            if not eps:
+                out[f"{sec} {run}".strip()] = {"failed": True}
+                continue
+            out[f"{sec} {run}".strip()] = dict(
+                samples_per_s=[e["samples_per_s"] for e in eps],
+                storage_gbps=[e.get("storage_bytes_per_s", 0) / 1e9 for e in eps],
+                limit_ratio_best_depth=[e.get("limit_ratio_best_depth") for e in eps],
+                book_wait_max_s=[e.get("book_wait_max_s") for e in eps],
+                gpu_wait_fraction=[e.get("gpu_wait_fraction") for e in eps],
+                baselines={k: b["samples_per_s"] for k, b in rep.get("baselines", {}).items() if "samples_per_s" in b})
     return out
 
 
@@ -197,6 +232,20 @@ def markdown(s: dict) -> str:
                          + ", ".join(f"{x:.0f}" for x in r["samples_per_s"]) + " | "
                          + ", ".join(f"{(x or 0) / fb:.2f}" for x in r["storage_bytes"]) + " | "
                          + ", ".join(fmt(x, ".2f") for x in r["limit_ratio_best_depth"]) + f" | {base} |")
+    if s.get("merged"):
+        lines += ["", "Sections depth, gil, reads, sync, eqmem (`<section>.json`), solar per epoch:", "",
+                  "| section, run | samples/s | storage GB/s | limit ratio (best depth) | steps waiting to be booked, s "
+                  "| GPU waits | baselines samples/s |", "|---|---|---|---|---|---|---|"]
+        for k, r in s["merged"].items():
+            if r.get("failed"):
+                lines.append(f"| {k} | no report | | | | | |")
+                continue
+            base = "; ".join(f"{b} " + ", ".join(f"{x:.0f}" for x in v) for b, v in r["baselines"].items()) or "-"
+            lines.append(f"| {k} | " + ", ".join(f"{x:.0f}" for x in r["samples_per_s"]) + " | "
+                         + ", ".join(f"{x:.2f}" for x in r["storage_gbps"]) + " | "
+                         + ", ".join(fmt(x, ".2f") for x in r["limit_ratio_best_depth"]) + " | "
+                         + ", ".join(fmt(x, ".2f") for x in r["book_wait_max_s"]) + " | "
+                         + ", ".join(fmt(x, ".2f") for x in r["gpu_wait_fraction"]) + f" | {base} |")
     if s["bench"]:
         b = s["bench"]
         lines += ["", f"`solar bench --device {m['device']} --model conv` cold ({b['cache']}):", "",
@@ -235,6 +284,7 @@ def main(argv=None) -> int:
     if os.path.exists(res) and os.path.getsize(res):
         s["bench_resident"] = {tier: bench_rows(rep) for tier, rep in load_report(res).items()}
     s["nodes"] = node_rows(a.nodes_dir)
+    s["merged"] = merged_rows(a.outdir)
     dbp = os.path.join(a.outdir, "device-buffer.json")
     if os.path.exists(dbp) and os.path.getsize(dbp):
         s["device_buffer"] = load_report(dbp)
