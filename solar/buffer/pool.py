@@ -10,13 +10,14 @@ import numpy as np
 POPULATE_MIN = 8 << 20
 
 
-def pool_memory(nbytes: int) -> np.ndarray:
+def pool_memory(nbytes: int, fault_in: bool = True) -> np.ndarray:
     """uint8[nbytes] for one pool, its pages faulted in now where the OS can (Linux
     ``MAP_POPULATE``): on the development VM 768 MiB took 0.33 s that way against 1.3-3 s of
     page faults (numpy's ``empty``, 4 KiB or huge pages) spread over the first epoch's reads.
-    Small pools, and systems without ``MAP_POPULATE``, get ``numpy.empty`` (touched lazily)."""
-    flag = getattr(mmap, "MAP_POPULATE", 0)
-    if nbytes >= POPULATE_MIN and flag:
+    Small pools, and systems without ``MAP_POPULATE``, get ``numpy.empty`` (touched lazily).
+    ``fault_in=False``: an anonymous mapping whose pages are not faulted in yet (a :class:`Populator` does it)."""
+    flag = getattr(mmap, "MAP_POPULATE", 0) if fault_in else 0
+    if nbytes >= POPULATE_MIN and (flag or not fault_in):
         try:
             m = mmap.mmap(-1, int(nbytes), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | flag)
         except (OSError, ValueError):
@@ -60,17 +61,6 @@ def can_populate() -> bool:
         probe = np.frombuffer(mmap.mmap(-1, mmap.PAGESIZE), dtype=np.uint8)
         _CAN_POPULATE = populate(probe, 0, probe.shape[0])
     return _CAN_POPULATE
-
-
-def lazy_memory(nbytes: int) -> np.ndarray:
-    """uint8[nbytes], its pages not faulted in yet (an anonymous private mapping; small ones ``numpy.empty``)."""
-    if nbytes >= POPULATE_MIN:
-        try:
-            return np.frombuffer(mmap.mmap(-1, int(nbytes), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS),
-                                 dtype=np.uint8)
-        except (OSError, ValueError):
-            pass
-    return np.empty(int(nbytes), dtype=np.uint8)
 
 
 class Populator:
@@ -124,11 +114,9 @@ class SlotPools:
         self.slots = np.asarray(slots, dtype=np.int64)
         sizes = [int(n) * int(sz) for sz, n in zip(self.class_bytes, self.slots)]
         self.populator = None
-        lazy = memory is None and background and can_populate()
-        if lazy:
-            mem = [lazy_memory(z) for z in sizes]
-        elif memory is None:
-            mem = [pool_memory(z) for z in sizes]
+        lazy = memory is None and background and sum(sizes) >= POPULATE_MIN and can_populate()  # small: at once
+        if memory is None:
+            mem = [pool_memory(z, fault_in=not lazy) for z in sizes]
         else:
             buf = np.frombuffer(memory, dtype=np.uint8)
             starts = np.cumsum([0, *sizes[:-1]]) if offsets is None else np.asarray(offsets, np.int64)

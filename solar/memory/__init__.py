@@ -27,7 +27,7 @@ slots, so allocation is O(1) and never fragments.  The pool sizes come from repl
 
 ``limit`` is the memory the plan was made for (:func:`memory_limit`): the planner's residency budget plus
 :func:`reserve_bytes` (batches, one batch of reads in flight, the bookkeeping).  ``solar.plan`` takes the
-reserve beyond :data:`PLAN_ALLOWANCE` from the budget the user gave (:func:`residency_budget`), so
+reserve beyond :data:`PLAN_ALLOWANCE` from the budget the user gave (:func:`plan_budgets`), so
 ``limit <= budget + PLAN_ALLOWANCE``.  The buffer refuses to start, before reading anything, when
 ``total > limit``.
 
@@ -41,8 +41,7 @@ bookkeeping, reserve, limit, residency budget), :mod:`~solar.memory.rank` (:clas
 """
 from .budget import (BLOCK_BOOKKEEPING, DEFAULT_IO_DEPTH, DEFAULT_PREFETCH, FIXED_OVERHEAD, MAX_READS_IN_FLIGHT,
                      PLAN_ALLOWANCE, batch_bytes, bookkeeping_bytes, check_reads_in_flight, demand_batch_bytes,
-                     largest_batch, max_local_batch, memory_limit, plan_batch_bytes, read_ahead_bytes, reserve_bytes,
-                     residency_budget)
+                     largest_batch, max_local_batch, memory_limit, plan_budgets, reserve_bytes)
 from .node import NodeMemory, class_offsets, header_bytes, node_memory, plan_node_memory, staging_lists
 from .rank import MemoryNeed, memory_need
 from .slots import MAX_EXACT_CLASSES, plan_pools, pool_slots, size_classes, slots_needed
@@ -50,6 +49,5 @@ from .slots import MAX_EXACT_CLASSES, plan_pools, pool_slots, size_classes, slot
 __all__ = ["BLOCK_BOOKKEEPING", "DEFAULT_IO_DEPTH", "DEFAULT_PREFETCH", "FIXED_OVERHEAD", "MAX_EXACT_CLASSES",
            "MAX_READS_IN_FLIGHT", "PLAN_ALLOWANCE", "MemoryNeed", "NodeMemory", "batch_bytes", "bookkeeping_bytes",
            "check_reads_in_flight", "class_offsets", "demand_batch_bytes", "header_bytes", "largest_batch",
-           "max_local_batch", "memory_limit", "memory_need", "node_memory", "plan_batch_bytes", "plan_node_memory",
-           "plan_pools", "pool_slots", "read_ahead_bytes", "reserve_bytes", "residency_budget", "size_classes",
-           "slots_needed", "staging_lists"]
+           "max_local_batch", "memory_limit", "memory_need", "node_memory", "plan_budgets", "plan_node_memory",
+           "plan_pools", "pool_slots", "reserve_bytes", "size_classes", "slots_needed", "staging_lists"]

@@ -2,6 +2,8 @@
 :func:`solar.plan <solar.schedule.plan>` holds back, and the limit a plan was made for (pure)."""
 from __future__ import annotations
 
+from typing import Tuple
+
 import numpy as np
 
 from ..errors import SpecError
@@ -75,14 +77,6 @@ def memory_limit(residency_budget: int, batch: int, bookkeeping: int) -> int:
     return int(residency_budget + reserve_bytes(batch, bookkeeping))
 
 
-def plan_batch_bytes(demand, local_batch: int, epsilon: float, layout=None) -> int:
-    """Bytes of the largest batch a rank assembles (batches of ``layout``, else bounded from ``demand``, a
-    :class:`~solar.scheduler.Demand`)."""
-    n = largest_batch(local_batch, epsilon)
-    return batch_bytes(layout, n) if layout is not None else demand_batch_bytes(
-        demand.sample_ptr, demand.sample_blocks, demand.block_nbytes, n)
-
-
 def check_reads_in_flight(value) -> int:
     """``value`` as batches of reads in flight a plan reserves (an integer 1..:data:`MAX_READS_IN_FLIGHT`);
     SpecError naming it otherwise."""
@@ -93,32 +87,27 @@ def check_reads_in_flight(value) -> int:
     return int(value)
 
 
-def read_ahead_bytes(batch: int, reads_in_flight: int = 1) -> int:
-    """Bytes a plan with ``reads_in_flight`` batches of reads in flight holds beyond the one
-    :func:`reserve_bytes` always keeps: pool slots the buffer reads the next steps' misses into while the steps
-    before them are still in use."""
-    return int((check_reads_in_flight(reads_in_flight) - 1) * batch)
-
-
-def residency_budget(budget: int, demand, local_batch: int, epsilon: float, layout=None,
-                     reads_in_flight: int = 1) -> int:
-    """The planner's budget for resident blocks when a rank may use ``budget`` bytes in all:
-    ``budget - (reserve_bytes(...) - PLAN_ALLOWANCE) - read_ahead_bytes(...)`` (batches of ``layout``, else
-    bounded from ``demand``, a :class:`~solar.scheduler.Demand`).  SpecError naming the figures when nothing
-    is left."""
+def plan_budgets(budget: int, demand, local_batch: int, epsilon: float, layout=None,
+                 reads_in_flight: int = 1) -> Tuple[int, int]:
+    """``(residency, read_ahead)`` when a rank may use ``budget`` bytes in all: the planner's budget for resident
+    blocks, ``budget - (reserve_bytes(...) - PLAN_ALLOWANCE) - read_ahead``, and ``read_ahead``, the
+    ``reads_in_flight - 1`` batches held beyond the one :func:`reserve_bytes` keeps for reads in flight (pool
+    slots the buffer reads the next steps' misses into while the steps before them are still in use).  Batches
+    of ``layout``, else bounded from ``demand``, a :class:`~solar.scheduler.Demand`.  SpecError naming the
+    figures when nothing is left."""
     n = largest_batch(local_batch, epsilon)
-    batch = plan_batch_bytes(demand, local_batch, epsilon, layout)
+    batch = batch_bytes(layout, n) if layout is not None else demand_batch_bytes(
+        demand.sample_ptr, demand.sample_blocks, demand.block_nbytes, n)
     keep = bookkeeping_bytes(demand.n_samples, demand.n_blocks, int(np.shape(demand.sample_blocks)[0]))
     reads = check_reads_in_flight(reads_in_flight)
-    base = reserve_bytes(batch, keep)
-    reserve = max(0, base - PLAN_ALLOWANCE) + read_ahead_bytes(batch, reads)
+    base, ahead = reserve_bytes(batch, keep), (reads - 1) * batch
+    reserve = max(0, base - PLAN_ALLOWANCE) + ahead
     if reserve >= budget:
         from ..layout.summary import human_bytes as hb
         raise SpecError(f"a budget of {hb(budget)} per rank leaves nothing for the buffer: "
                         f"{DEFAULT_PREFETCH + 1 + reads} batches of {n} samples ({hb(batch)} each: "
                         f"{DEFAULT_PREFETCH} queued, 1 in training, {reads} read in flight) and {hb(keep)} of "
-                        f"bookkeeping take {hb(base + read_ahead_bytes(batch, reads))}, "
-                        f"{hb(min(base, PLAN_ALLOWANCE))} of it on top; "
+                        f"bookkeeping take {hb(base + ahead)}, {hb(min(base, PLAN_ALLOWANCE))} of it on top; "
                         f"raise the budget or lower the local batch" + (" or reads_in_flight" if reads > 1 else ""))
-    return int(budget - reserve)
+    return int(budget - reserve), int(ahead)
 

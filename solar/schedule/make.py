@@ -7,7 +7,7 @@ from typing import Optional, Tuple, Union
 
 from ..errors import SpecError
 from ..memory import (DEFAULT_IO_DEPTH, bookkeeping_bytes, check_reads_in_flight, demand_batch_bytes, largest_batch,
-                      plan_batch_bytes, read_ahead_bytes, residency_budget)
+                      plan_budgets)
 from ..scheduler.config import (MAX_BYTES, PlanConfig, check_count, check_drop_last, check_epochs,
                                 check_epsilon, check_fraction, parse_bytes)
 from ..scheduler.policies import get_policy
@@ -135,11 +135,9 @@ def plan(data: Union[str, "Demand", object], *, world_size: int, local_batch: Op
     budget = buffer_bytes(demand, world_size, buffer_per_rank, buffer_fraction)  # all the rank's memory
     epsilon = check_epsilon(0.0 if epsilon is None else epsilon)  # before the budget, which uses it
     drop_last = check_drop_last(bool(drop_last) if drop_last is None else drop_last)
-    layout = None if data is demand else data
-    cfg = PlanConfig(world_size, local_batch, epochs,
-                     residency_budget(budget, demand, local_batch, epsilon, layout, reads_in_flight=reads),
-                     seed=0 if seed is None else seed, drop_last=bool(drop_last), epsilon=epsilon)
-    ahead = read_ahead_bytes(plan_batch_bytes(demand, local_batch, epsilon, layout), reads)
+    resident, ahead = plan_budgets(budget, demand, local_batch, epsilon, None if data is demand else data, reads)
+    cfg = PlanConfig(world_size, local_batch, epochs, resident, seed=0 if seed is None else seed,
+                     drop_last=bool(drop_last), epsilon=epsilon)
     if host_budget is not None:
         _check_staging(host_budget, demand, local_batch, epsilon)
     S = steps_per_epoch(demand.n_samples, world_size, local_batch, cfg.drop_last)
@@ -230,11 +228,10 @@ def _plan_resumed(data, state, *, world_size: int, local_batch, epochs, buffer_p
                              epsilon=epsilon, policy=policy)
     pol = _policy(job.policy, nodes is not None)
     budget = buffer_bytes(demand, world_size, buffer_per_rank, buffer_fraction)
-    layout = None if data is demand else data
-    cfg = PlanConfig(world_size, job.local_batch, job.epochs,
-                     residency_budget(budget, demand, job.local_batch, job.epsilon, layout, reads_in_flight=reads),
-                     seed=job.seed, drop_last=job.drop_last, epsilon=job.epsilon)
-    ahead = read_ahead_bytes(plan_batch_bytes(demand, job.local_batch, job.epsilon, layout), reads)
+    resident, ahead = plan_budgets(budget, demand, job.local_batch, job.epsilon, None if data is demand else data,
+                                   reads)
+    cfg = PlanConfig(world_size, job.local_batch, job.epochs, resident, seed=job.seed, drop_last=job.drop_last,
+                     epsilon=job.epsilon)
     node_args = {} if nodes is None else {"nodes": nodes[0], "cost": nodes[1]}
     run = elastic.ResumedRun(demand, cfg, pol, job.point, **node_args)  # before the file: SpecError leaves none
     w = ScheduleWriter(out, demand, cfg, pol.name, run.S, source=source, layout=None if data is demand else data,
