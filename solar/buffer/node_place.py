@@ -19,8 +19,8 @@ of n assembles its samples from n's pool and staging area.  At run time:
   blocks at an earlier step g' has READ >= g' (every rank records who read each block, and when: all book
   the same steps): with the ``need`` split, ranks wait for each other only where their samples share
   blocks, not for each other's whole reads (local rank 0 of a plan with transfers also waits until it has
-  posted the node's sends of g, which need the whole node's reads of g).  It writes step g's slots once every rank of its node has
-  DONE >= ``after[g]`` (the slot assignment says when they are free: once the node has assembled the
+  posted the node's sends of g, which need the whole node's reads of g).  It writes step g's slots once every
+  rank of its node has DONE >= ``after[g]`` (the slot assignment says when they are free: once the node has assembled the
   last use of the block a slot held, or its load if it was not used, where the plan holds every local
   rank's samples; else the step before its eviction: :func:`~solar.buffer.node_pools.assign_slots`).
   Waiting is polling with a backoff sleep (50 us .. 2 ms; a rank's own reads wake it at once), never a
@@ -501,6 +501,9 @@ class NodePlace:
             dep_read, dep_shared = self._parts[g][2:]
             waits += [(j, f"its reads of step {g}", g)
                       for j in np.flatnonzero((reads < dep_read) | (self.shareds < dep_shared)).tolist()]
+            if self.xfer and g >= self._send_next:  # local rank 0: the node's sends of g need every rank's reads
+                waits += [(j, f"its reads of step {g} (the node's sends of it)", g)
+                          for j in np.flatnonzero(reads < g).tolist()]
         if g_book < self.stop and len(booked) < self.io_depth:
             a = int(self.after[g_book])
             what = f"its step {a} to be assembled" if a >= self.start else \
@@ -614,12 +617,12 @@ class NodePlace:
                                                            r_blocks[part].tolist())]
             futs.append(io.submit(self.reader.read_blocks, r_blocks[part], views))
         self._parts[g] = (futs[0], futs[1], dep_read, dep_shared)
-        fut = futs[1] if futs[1] is not None else futs[0]
         recvs = []
         if self.xfer:
             recvs = self._post_transfers(g, st)
         self.booked_to = g + 1
-        return Booked(g, samples, blocks, st, fut, t0, recvs=recvs, wakes=tuple(f for f in futs if f is not None))
+        # (no fut: a node place's readiness is its counters, ready(); the reads wake the manager through wakes)
+        return Booked(g, samples, blocks, st, None, t0, recvs=recvs, wakes=tuple(f for f in futs if f is not None))
 
     def _needs(self, j: int, g: int) -> np.ndarray:
         """int64[m] ascending: the blocks local rank j's samples use at step g (none where the plan does not

@@ -350,7 +350,7 @@ class SharedPools:
         share = -(-(buf.shape[0] - hb) // self.L)
         lo = hb + self.local * share
         hi = min(buf.shape[0], lo + share)
-        if not populate(buf, lo, hi):
+        if ncomm is not None and not populate(buf, lo, hi):  # (one rank's private memory: MAP_POPULATE did it)
             buf[lo:hi] = 0
         self.messages[self.local, :] = 0
         self.header[READ, self.local, 0] = int(init)
