@@ -33,7 +33,8 @@ ALLOWANCE_BYTES = 256 << 20
 #: And per rank of the node: a rank's threads, stacks and scratch that the loader's start leaves to come (solar
 #: measured about 15 MB a rank beyond its buffers with 8 ranks, its numba kernels already in the base).
 ALLOWANCE_PER_RANK = 16 << 20
-#: What a cgroup v1 reads as its limit when none is set (``-1`` written); v2 reads ``max``.
+#: ``limit_bytes`` of a cgroup with no limit set (written as ``-1`` on v1, which reads back a huge number; ``max``
+#: on v2).
 UNLIMITED = -1
 MOUNTINFO = "/proc/self/mountinfo"
 PROC_CGROUP = "/proc/self/cgroup"
@@ -116,6 +117,7 @@ class MemoryCgroup:
 
     def __init__(self, path: str, limit_file: str, method: str, limit_bytes: int):
         self.path, self.limit_file, self.method, self.limit_bytes = path, limit_file, method, int(limit_bytes)
+        self._peak_fh = None  # v2: the memory.peak file reset_peak opened (node rank 0 only; never pickled open)
 
     @classmethod
     def create(cls, name: str, limit_bytes: Optional[int]) -> "MemoryCgroup":
@@ -225,7 +227,7 @@ class MemoryCgroup:
         self._peak_fh = fh
 
     def _close_peak(self):
-        fh, self._peak_fh = getattr(self, "_peak_fh", None), None
+        fh, self._peak_fh = self._peak_fh, None
         if fh is not None:
             fh.close()
 
@@ -235,7 +237,7 @@ class MemoryCgroup:
             if self._v1:
                 with open(os.path.join(self.path, "memory.max_usage_in_bytes")) as fh:
                     return int(fh.read().strip())
-            fh = getattr(self, "_peak_fh", None)
+            fh = self._peak_fh
             if fh is None:
                 return None
             fh.seek(0)
