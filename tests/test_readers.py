@@ -29,6 +29,7 @@ from solar.io import (
     pread_exact,
 )
 from solar.layout import LayoutSpec, build_layout, load_layout
+from solar.layout.parts import chunks_of, is_parts, split_chunks
 
 # every registered reader with its defaults, plus variants that change how ranges are read
 BACKENDS = [(name, {}) for name in sorted(READERS)] + [
@@ -102,6 +103,12 @@ def _inside(layout, b):
 
 
 def _reference_block(layout, b):
+    if is_parts(layout):  # a part: its rows of the chunk decoded
+        d = int(layout.block_dataset[b])
+        whole = _reference_block(chunks_of(layout), int(layout.block_parent[b])).view(np.uint8).reshape(-1)
+        lo = int(layout.part_offset[b])
+        return whole[lo:lo + int(layout.block_nbytes[b])].view(np.dtype(layout.datasets[d].dtype)).reshape(
+            layout.block_shapes[d])
     if layout.block_offset[b] < 0:
         return decode_block(layout, b, b"")
     fd = os.open(layout.files[layout.datasets[layout.block_dataset[b]].file], os.O_RDONLY)
@@ -149,12 +156,24 @@ def _rank_calls(comm, n_blocks, seed):
 
 
 # ----------------------------------------------------------------- suite
+def _parts(layout, refs, parts: bool):
+    """``(layout, refs)``, or with ``parts`` the layout of parts (:mod:`solar.layout.parts`) and its own refs
+    (pytest skips where no chunk holds several rows: nothing to cut)."""
+    if not parts:
+        return layout, refs
+    cut = split_chunks(layout)
+    if cut is None:
+        pytest.skip("no chunk holds more than one sample's rows")
+    return cut, refs.setdefault("parts", {})
+
+
 @pytest.mark.mpi
+@pytest.mark.parametrize("parts", [False, True], ids=["blocks", "parts"])
 @pytest.mark.parametrize("storage", STORAGES)
 @pytest.mark.parametrize("preset", sorted(SMALL))
-def test_samples_equal_h5py(comm, dataset, backend, preset, storage):
+def test_samples_equal_h5py(comm, dataset, backend, preset, storage, parts):
     name, opts = backend
-    layout, refs = dataset(preset, storage)
+    layout, refs = _parts(*dataset(preset, storage), parts)
     calls = _rank_calls(comm, layout.n_blocks, seed=len(preset) * 7 + STORAGES.index(storage))
     got, total = {}, ReadStats()
     with get_reader(name, layout, comm=comm, **opts) as reader:
@@ -166,11 +185,13 @@ def test_samples_equal_h5py(comm, dataset, backend, preset, storage):
     assert len(got) == layout.n_blocks
     _check(layout, refs, got, READERS[name].needs_raw)
     assert total.blocks == sum(len(c) for c in calls)
-    assert total.bytes_read >= int(layout.block_stored[layout.block_offset >= 0].sum())
+    whole = chunks_of(layout)  # a part's read is its chunk's: each chunk read at least once
+    assert total.bytes_read >= int(whole.block_stored[whole.block_offset >= 0].sum())
 
 
 @pytest.mark.mpi
-def test_unwritten_chunks_read_as_fill_value(comm, shared_tmp, backend):
+@pytest.mark.parametrize("parts", [False, True], ids=["blocks", "parts"])
+def test_unwritten_chunks_read_as_fill_value(comm, shared_tmp, backend, parts):
     name, opts = backend
 
     def make():
@@ -181,6 +202,9 @@ def test_unwritten_chunks_read_as_fill_value(comm, shared_tmp, backend):
     on_root(comm, make)
     layout = build_layout(LayoutSpec("rows", ("u.h5",), ("X",), root=shared_tmp))
     assert (layout.block_offset < 0).sum() == 2
+    if parts:
+        layout = split_chunks(layout)
+        assert (layout.block_offset < 0).sum() == 4 and layout.n_blocks == 9  # rows 2..5 of chunks 1, 2
     refs = {}
     with get_reader(name, layout, comm=comm, **opts) as reader:
         for blocks in _rank_calls(comm, layout.n_blocks, seed=5):

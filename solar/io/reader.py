@@ -218,11 +218,17 @@ def register(cls: type[BlockReader]) -> type[BlockReader]:
 
 
 def get_reader(name: str, layout, comm=None, **opts) -> BlockReader:
-    """Construct the reader ``name`` (collective for MPI readers: call on every rank of ``comm``)."""
+    """Construct the reader ``name`` (collective for MPI readers: call on every rank of ``comm``); for a
+    layout of parts (:mod:`solar.layout.parts`), that reader of its chunks inside a
+    :class:`~solar.io.parts.PartReader`."""
     try:
         cls = READERS[name]
     except KeyError:
         raise SpecError(f"unknown reader {name!r}; valid readers: {', '.join(sorted(READERS))}") from None
+    from ..layout.parts import chunks_of, is_parts
+    if is_parts(layout):  # a layout of parts: the backend reads their chunks
+        from .parts import PartReader
+        return PartReader(layout, cls(chunks_of(layout), comm=comm, **opts))
     return cls(layout, comm=comm, **opts)
 
 

@@ -42,7 +42,7 @@ def run_epoch(job, ep, buf, out):
 
 @nb.njit(cache=True, nogil=True)
 def next_use(idx, bounds, step0, idx_f, n_future, acc_ptr, P, per_rank, sample_ptr, sample_blocks, last, nu,
-             first_step=0):
+             first_step=0, first=None):
     """Fill ``nu`` (int64[A], aligned with ``acc_ptr``) with each access's next use step, for the accesses of
     steps ``first_step .. S-1`` of this epoch (those of earlier steps are left as they are).
 
@@ -51,7 +51,8 @@ def next_use(idx, bounds, step0, idx_f, n_future, acc_ptr, P, per_rank, sample_p
     concatenated, int64[n_future*T], same batch bounds; epoch j starts at step
     step0 + (j+1)*S), else INF.  ``per_rank``: next use by the same rank under the
     strided split (position p of a batch starting at lo goes to rank (p - lo) % P).
-    ``last``: int64[B] scratch, INF on entry and on exit.
+    ``last``: int64[B] scratch, INF on entry and on exit.  ``first`` (int64[B], not with ``per_rank``): set to
+    each block's first use from step ``first_step`` on, in this epoch or the ``n_future`` after it (INF: none).
     """
     n_groups = P if per_rank else 1
     stride = P if per_rank else 1
@@ -75,6 +76,8 @@ def next_use(idx, bounds, step0, idx_f, n_future, acc_ptr, P, per_rank, sample_p
                 smp = idx[p]
                 for a in range(sample_ptr[smp], sample_ptr[smp + 1]):
                     last[sample_blocks[a]] = step0 + k
+        if first is not None and not per_rank:
+            first[:] = last
         for j in range(-1, n_future):  # reset what this group touched
             src = idx if j < 0 else idx_f[j * T:(j + 1) * T]
             for k in range(first_step if j < 0 else 0, S):

@@ -57,6 +57,14 @@ class Job(NamedTuple):
     boundary_steps: int  # BOUNDARY: steps of an epoch routed to holders
     blocks_per_slot: int  # most units of one sample
     refresh_holder: bool  # peer kernel: a peer's use refreshes the sender's priority
+    # parts of chunks (:mod:`solar.layout.parts`): units sharing an *extent* (a chunk) are read together; all
+    # four empty when every unit is its own extent (then ``stored`` is what a unit's read costs)
+    ext_ptr: np.ndarray  # int64[U+1]  extents of unit u: ext_ids[ext_ptr[u]:ext_ptr[u+1]]
+    ext_ids: np.ndarray  # int64[*]
+    ext_stored: np.ndarray  # int64[X]  bytes read from storage for an extent (once per step and buffer)
+    xu_ptr: np.ndarray  # int64[X+1]  units of extent x: xu_units[xu_ptr[x]:xu_ptr[x+1]]
+    xu_units: np.ndarray  # int64[*]
+    admit: bool  # keep the parts of an extent read at a step that are used again before what they would evict
 
 
 class Epoch(NamedTuple):
@@ -85,6 +93,8 @@ class Buffers(NamedTuple):
     stamp: np.ndarray  # int64[U]  (step, buffer) that last counted it: one need per unit and step
     n_res: np.ndarray  # int64[2]  live entries and tombstones of the hash table
     due: np.ndarray  # int64[R, Q]  ROUTED: units resident on q whose next use is t, at [t % R, q]
+    nxt: np.ndarray  # int64[U]  (``job.admit``) each unit's next use after its last use so far (INF: none seen)
+    ext_stamp: np.ndarray  # int64[X]  (step, buffer) that last read each extent: one read per extent and step
 
 
 class Out(NamedTuple):
@@ -134,6 +144,8 @@ class Scratch(NamedTuple):
     ld_bytes: np.ndarray  # int64[Q]  ... their bytes
     pinned_k: np.ndarray  # int64[2G+1]  residents used at the step, popped while making room: priorities,
     pinned_b: np.ndarray  # int64[2G+1]  ... units
+    cand: np.ndarray  # int64[C]  (``job.admit``) parts a step's reads bring that the buffer may keep, and
+    cand_nu: np.ndarray  # int64[C]  ... their next uses (C: G x the most units of one extent)
 
 
 @nb.njit(cache=True, nogil=True)
@@ -143,17 +155,23 @@ def scratch(job):
     Q = job.n_buf
     w = job.bounds[S] - job.bounds[0] + 1
     g = 2 * ((np.max(job.bounds[1:] - job.bounds[:-1]) if S > 0 else 0) * job.blocks_per_slot + 1)
+    c = 0
+    if job.admit and job.xu_ptr.shape[0] > 1:
+        c = g * np.max(job.xu_ptr[1:] - job.xu_ptr[:-1]) * max(1, np.max(job.ext_ptr[1:] - job.ext_ptr[:-1]))
     return Scratch(np.zeros(Q, np.int64), np.zeros(Q, np.int64), np.zeros(1, np.int64), np.empty(64, np.int64),
                    np.empty(64, np.int64), np.empty(w, np.int64), np.empty(w, np.int64), np.empty(w, np.int64),
                    np.empty(w, np.int64), np.empty(w, np.int64), np.empty(w, np.int64), np.zeros(w + 2, np.int64),
                    np.empty(w, np.int64), np.zeros(Q + 1, np.int64), np.empty(g, np.int64), np.empty(g, np.int64),
                    np.empty(g, np.int64), np.empty(g, np.int64), np.empty(g, np.int64), np.zeros(Q + 1, np.int64),
-                   np.zeros(Q, np.int64), np.empty(g + 1, np.int64), np.empty(g + 1, np.int64))
+                   np.zeros(Q, np.int64), np.empty(g + 1, np.int64), np.empty(g + 1, np.int64),
+                   np.empty(c, np.int64), np.empty(c, np.int64))
 
 
-def outputs(T: int, S: int, Q: int, A: int, resident: int, record: bool, nodes: bool, err: np.ndarray) -> Out:
-    """An epoch's :class:`Out`, zeroed, and ``err`` zeroed in place.  Recorded lists are sized for A accesses
-    and ``resident`` units resident before the epoch; the stage and transfer lists only for node pools."""
+def outputs(T: int, S: int, Q: int, A: int, resident: int, record: bool, nodes: bool, err: np.ndarray,
+            admitted: int = 0) -> Out:
+    """An epoch's :class:`Out`, zeroed, and ``err`` zeroed in place.  Recorded lists are sized for A accesses,
+    ``admitted`` more loads (parts kept beside a read, ``Job.admit``) and ``resident`` units resident before
+    the epoch; the stage and transfer lists only for node pools."""
     def ptr(n):
         return np.zeros(n, dtype=np.int64) if record else np.zeros(0, dtype=np.int64)
 
@@ -162,7 +180,7 @@ def outputs(T: int, S: int, Q: int, A: int, resident: int, record: bool, nodes: 
 
     err[:] = 0
     return Out(np.empty(T, dtype=np.int32), np.zeros((NST, S, Q), dtype=np.int64), bool(record),
-               ids(A), ptr(S * Q + 1), ids(A + resident + 1), ptr(S * Q + 1),
+               ids(A + admitted), ptr(S * Q + 1), ids(A + admitted + resident + 1), ptr(S * Q + 1),
                ids(A, keep=nodes), ptr(S * Q + 1 if nodes else 0),
                ids(A, np.int32, nodes), ids(A, np.int32, nodes), ids(A, keep=nodes), ptr(S + 1 if nodes else 0),
                np.zeros(4, dtype=np.int64), err)

@@ -92,6 +92,14 @@ NODE_POLICIES = {
 ALL_POLICIES = {**POLICIES, **NODE_POLICIES}
 
 
+def admits_parts(policy: Policy) -> bool:
+    """Whether ``policy`` keeps the parts of a chunk it reads that it uses again soon (Belady on a global next
+    use: ``solar``, ``ideal``, ``solar-node``, ``solar-peer``), so that a plan on parts of chunks
+    (:mod:`solar.layout.parts`) reads each chunk once where the memory allows.  The others would read a chunk
+    for each part: plan them on whole chunks."""
+    return policy.evict == BELADY and policy.next_use == "global"
+
+
 def get_policy(name: str) -> Policy:
     try:
         return ALL_POLICIES[name]

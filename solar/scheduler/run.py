@@ -25,7 +25,7 @@ from .kernel import (COUNT, EMPTY, HIT_BYTES, HITS, INF, MISS, MISS_BYTES, N_EVI
 from .node_run import node_epoch
 from .nodes import NodeMap, PeerCost
 from .peer_engine import next_use_nodes
-from .policies import Policy, get_policy
+from .policies import Policy, admits_parts, get_policy
 from .sampler import batch_bounds, epoch_indices, sampler_sizes
 from .table import ht_rebuild
 
@@ -35,7 +35,10 @@ class Demand:
     """What the planner needs of a layout: sample -> blocks CSR and block sizes.
 
     ``sample_ptr`` int64[N+1], ``sample_blocks`` int64[nnz], ``block_nbytes``
-    int64[B] (decoded, what buffers hold), ``block_stored`` int64[B] (read from storage).
+    int64[B] (decoded, what buffers hold), ``block_stored`` int64[B] (read from storage);
+    ``block_extent`` int64[B] or None: blocks with the same extent are parts of one chunk
+    (:mod:`solar.layout.parts`), read together: ``block_stored`` is then the chunk's, paid once per
+    step and buffer that reads any of its parts.
     """
 
     sample_ptr: np.ndarray
@@ -43,6 +46,7 @@ class Demand:
     block_nbytes: np.ndarray
     block_stored: np.ndarray
     fingerprint: str = ""
+    block_extent: Optional[np.ndarray] = None
 
     @property
     def n_samples(self) -> int:
@@ -55,7 +59,12 @@ class Demand:
     @classmethod
     def from_layout(cls, layout) -> "Demand":
         return cls(layout.sample_ptr, layout.sample_blocks, layout.block_nbytes, layout.block_stored,
-                   layout.fingerprint)
+                   layout.fingerprint, getattr(layout, "block_parent", None))
+
+    @property
+    def has_parts(self) -> bool:
+        """Whether some blocks are parts of one chunk (:attr:`block_extent`)."""
+        return self.block_extent is not None
 
     @classmethod
     def synthetic(cls, n_samples: int, sample_bytes: int, samples_per_block: int = 1,
@@ -199,6 +208,37 @@ def _planning_units(demand: Demand, group: bool):
     return g.g_sample_ptr, g.g_sample_blocks, g.g_nbytes, g.g_stored, g.g_count, g
 
 
+_NO_EXTENTS = tuple(np.zeros(0, dtype=np.int64) for _ in range(5))
+
+
+def _extents(demand: Demand, groups, n_units: int):
+    """``(ext_ptr, ext_ids, ext_stored, xu_ptr, xu_units)`` of :class:`~.kernel.Job` for the planning units
+    (blocks, or ``groups`` of them): the extents (chunks) each unit's blocks lie in and the units of each
+    extent, extents numbered 0.. in order of their ids; all empty when no two units share an extent."""
+    if demand.block_extent is None or n_units == 0:
+        return _NO_EXTENTS
+    ext = np.asarray(demand.block_extent, dtype=np.int64)
+    stored = np.asarray(demand.block_stored, dtype=np.int64)
+    if groups is None:
+        unit, blk = np.arange(n_units, dtype=np.int64), np.arange(n_units, dtype=np.int64)
+    else:
+        blk = groups.group_blocks
+        unit = np.repeat(np.arange(n_units, dtype=np.int64), np.diff(groups.group_ptr))
+    ids, first, inv = np.unique(ext[blk], return_index=True, return_inverse=True)
+    inv = inv.reshape(-1)
+    X = ids.shape[0]
+    pair = np.unique(unit * X + inv)  # (unit, extent) pairs, each once, by unit
+    pu, px = pair // X, pair % X
+    if X == n_units and pu.shape[0] == n_units:  # every unit its own extent: nothing is read together
+        return _NO_EXTENTS
+    ext_ptr = np.zeros(n_units + 1, dtype=np.int64)
+    np.cumsum(np.bincount(pu, minlength=n_units), out=ext_ptr[1:])
+    by_x = np.lexsort((pu, px))
+    xu_ptr = np.zeros(X + 1, dtype=np.int64)
+    np.cumsum(np.bincount(px, minlength=X), out=xu_ptr[1:])
+    return ext_ptr, px.astype(np.int64), stored[blk[first]], xu_ptr, pu[by_x].astype(np.int64)
+
+
 def run_policy(demand: Demand, cfg: PlanConfig, policy="solar", record: bool = False,
                on_epoch: Optional[Callable[[EpochPlan], None]] = None, progress: bool = False,
                epoch_order: Optional[str] = None, group_blocks: bool = True, nodes: Optional[NodeMap] = None,
@@ -335,12 +375,18 @@ class PlanRun:
         R = (lookahead + 1) * S + 1 if pol.mode == ROUTED else 1  # next uses lie within R - 1 steps
         self.due = np.zeros((R, self.P_eng), dtype=np.int64)  # [step % R, rank]: see kernel.Buffers
         self.peer_ok = self.cost.peer_ok(nb, stored_nb) if self.cost else None  # bool[units]
+        ext = _extents(demand, groups, n_units)
+        self.admit = bool(ext[0].shape[0] > 0 and admits_parts(pol))
+        self.nxt = np.full(n_units if self.admit else 0, INF, dtype=np.int64)
+        self.ext_stamp = np.full(ext[2].shape[0], -1, dtype=np.int64)
+        self._max_xu = int(np.diff(ext[3]).max()) if self.admit else 0  # most units of one extent
         # the job as the kernels see it: the peer kernel splits strided steps over P ranks, L per node
         L = self.nodes.ranks_per_node if pol.peer else 1
         self.job = Job(self.bounds, self.cap_lo, self.cap_hi, self.share, nb, stored_nb, unit_count,
                        self.peer_ok if pol.peer else np.zeros(0, dtype=np.bool_), int(self.P_eng),
                        int(P if pol.peer else self.P_eng), int(L), int(pol.mode), int(pol.evict), int(self.budget),
-                       int(self.boundary_steps), int(self.max_blocks_sample), pol.next_use != "node")
+                       int(self.boundary_steps), int(self.max_blocks_sample), pol.next_use != "node", *ext,
+                       self.admit)
         self.planned = 0  # epoch positions planned so far
         self.first_step = 0  # step at which epoch position `planned` starts (> 0 only for position 0)
         self.window = deque()  # indices of epoch positions planned .. planned + lookahead + 1 (those known)
@@ -364,8 +410,9 @@ class PlanRun:
         accesses are ``(acc_ptr, nu, acc_blk)`` in position order (see :meth:`positions`), its outputs zeroed."""
         ep = Epoch(self.positions(), acc_ptr, nu, acc_ptr, acc_blk, int(step0), int(self.first_step))
         buf = Buffers(self.keys, self.prio, self.used, self.hk, self.hbk, self.hn, self.res_bytes, self.owner,
-                      self.stamp, self.n_res, self.due)
-        out = outputs(self.total, self.S, self.P_eng, int(acc_ptr[-1]), int(self.n_res[0]), record, nodes, self.err)
+                      self.stamp, self.n_res, self.due, self.nxt, self.ext_stamp)
+        out = outputs(self.total, self.S, self.P_eng, int(acc_ptr[-1]), int(self.n_res[0]), record, nodes, self.err,
+                      int(acc_ptr[-1]) * self._max_xu)
         return self.job, ep, buf, out
 
     def source_epoch(self, pos: int) -> int:
@@ -422,9 +469,10 @@ class PlanRun:
         return result
 
     def _uses(self, e: int, idx: np.ndarray, future: list, last: np.ndarray, first_step: int):
-        """``(acc_ptr int64[T+1], nu int64[A], acc_blk int64[A])`` of epoch position ``e`` (global index ``idx``,
-        the indices of the epochs after it in ``future``): where each position's accesses start, each access's
-        next use step and its unit.  ``last``: int64[units] scratch, INF on entry and on exit.  Pure in the
+        """``(acc_ptr int64[T+1], nu int64[A], acc_blk int64[A], first int64[units] or None)`` of epoch position
+        ``e`` (global index ``idx``, the indices of the epochs after it in ``future``): where each position's
+        accesses start, each access's next use step and its unit, and (parts kept beside reads,
+        ``Job.admit``) each unit's first use from the epoch's first step on.  ``last``: int64[units] scratch, INF on entry and on exit.  Pure in the
         permutations: no engine state is read, so it may run while the engine plans the epoch before."""
         pol, sp, sb = self.pol, self.sp, self.sb
         empty = np.zeros(0, dtype=np.int64)
@@ -433,13 +481,14 @@ class PlanRun:
         # the units of each position's sample in position order: int64[A], and where each position's start, int64[T+1]
         acc_blk, acc_ptr = expand(idx, np.arange(self.total + 1, dtype=np.int64), sp, sb)
         nu = np.full(int(acc_ptr[-1]), INF, dtype=np.int64)
+        first = np.empty(last.shape[0], dtype=np.int64) if self.admit else None  # admit: global next use
         if pol.next_use == "node":
             next_use_nodes(idx, self.bounds, step0, idx_f, len(future), acc_ptr, self.cfg.world_size,
                            self.nodes.ranks_per_node, sp, sb, last, nu)
         elif pol.next_use != "none":
             eg.next_use(idx, self.bounds, step0, idx_f, len(future), acc_ptr, self.cfg.world_size,
-                        pol.next_use == "rank", sp, sb, last, nu, first_step)
-        return acc_ptr, nu, acc_blk
+                        pol.next_use == "rank", sp, sb, last, nu, first_step, first)
+        return acc_ptr, nu, acc_blk, first
 
     def _epoch(self, e: int, result: PolicyResult, on_epoch, pool=None):
         """Plan epoch position ``e``; with ``pool`` (an executor), start epoch e + 1's next-use pass in it first."""
@@ -455,9 +504,11 @@ class PlanRun:
         ahead = list(window)
         idx, future = ahead[0], ahead[1:k]
         if self._next is not None and self._next[0] == e:
-            acc_ptr, nu, acc_blk = self._next[1].result()
+            acc_ptr, nu, acc_blk, first = self._next[1].result()
         else:
-            acc_ptr, nu, acc_blk = self._uses(e, idx, future, self.last, self.first_step)
+            acc_ptr, nu, acc_blk, first = self._uses(e, idx, future, self.last, self.first_step)
+        if first is not None:
+            self.nxt[:] = first  # where each unit is next used from this epoch's first step on
         self._next = None
         if pool is not None and len(ahead) > 1:
             self._next = (e + 1, pool.submit(self._uses, e + 1, ahead[1], ahead[2:k + 1], self._last_bg, 0))

@@ -15,6 +15,7 @@ Pure: arrays in, arrays out; no I/O, no MPI, no clock.
 from __future__ import annotations
 
 import numba as nb
+import numpy as np
 from numba import literally
 
 from .kernel import (BELADY, FRESH, HEAP_FULL, HIT, HIT_BYTES, HITS, INF, LOAD, LRU, MISS, MISS_BYTES, N_EVICT,
@@ -83,6 +84,9 @@ def buffer_step(k, peer, job, ep, buf, out, sc):
     U = nbytes.shape[0]
     R = due.shape[0]
     heap_cap = hk.shape[1]
+    admit, nxt, ext_ptr, ext_ids, ext_stored, ext_stamp = job.admit, buf.nxt, job.ext_ptr, job.ext_ids, \
+        job.ext_stored, buf.ext_stamp
+    by_extent = ext_ptr.shape[0] > 0
     unit_blocks = count.shape[0] == 0  # every unit is one layout block
     track_due = mode == ROUTED and (peer or evict_kind == BELADY)  # next uses are booked in buf.due
     own_loads = not peer and mode != ROUTED  # the last loader owns a unit (SOLAR-2023 routes boundary samples to it)
@@ -130,6 +134,8 @@ def buffer_step(k, peer, job, ep, buf, out, sc):
                         need += nbytes[u]
                     nd_unit[m] = u
                     nd_nu[m] = nu[acc_ptr[p] + a - base]
+                    if admit:
+                        nxt[u] = nd_nu[m]
                     if peer:  # (the rank kernel's needs are all its buffer's, none received)
                         nd_node[m] = q
                         nd_kind[m] = kind
@@ -193,7 +199,14 @@ def buffer_step(k, peer, job, ep, buf, out, sc):
                 nblk = 1 if unit_blocks else count[u]
                 st[MISS, k, q] += nblk
                 st[MISS_BYTES, k, q] += nbytes[u]
-                st[STORED, k, q] += stored[u]
+                if by_extent:  # a chunk is read once however many of its parts the step loads
+                    for a in range(ext_ptr[u], ext_ptr[u + 1]):
+                        x = ext_ids[a]
+                        if ext_stamp[x] != s * Q + q:
+                            ext_stamp[x] = s * Q + q
+                            st[STORED, k, q] += ext_stored[x]
+                else:
+                    st[STORED, k, q] += stored[u]
                 if peer and res_bytes[q] + nbytes[u] > budget:  # no room left: read into staging only
                     st[STAGED, k, q] += nblk
                     st[STAGED_BYTES, k, q] += nbytes[u]
@@ -220,6 +233,8 @@ def buffer_step(k, peer, job, ep, buf, out, sc):
                 if record:
                     load[n_out[N_LOAD]] = u
                 n_out[N_LOAD] += 1
+            if admit and ld_start[q + 1] > ld_start[q] and not admit_parts(k, q, job, ep, buf, out, sc):
+                return False
             if record:
                 row = k * Q + q + 1
                 out.load_ptr[row] = n_out[N_LOAD]
@@ -271,6 +286,122 @@ def buffer_step(k, peer, job, ep, buf, out, sc):
                 err[1] = s
                 err[2] = q
                 return False
+    return True
+
+
+@nb.njit(cache=True, nogil=True)
+def admit_parts(k, q, job, ep, buf, out, sc):
+    """Buffer q at step k, after its reads: keep the other parts of the extents it read (parts of one chunk,
+    :mod:`solar.layout.parts`; the read brought them at no storage cost) that it will use again before what
+    keeping them would evict (Belady's choice, made at the read).  False on failure (``out.err``).
+
+    A candidate is a unit all of whose extents q read at this step, that q does not need at this step, that
+    no buffer holds (``owner`` -1), and whose next use (``buf.nxt``) lies after this step.  Candidates go in
+    order of next use; each takes free room first, then evicts residents not used at this step whose next
+    use is later than its own.  ROUTED: it is booked in ``due`` like a use (skipped if q can serve no more
+    units at that step).  A kept part is a recorded load (not a miss: nothing of it is demanded now), owned
+    by q, at the priority of its next use.
+    """
+    s = ep.step0 + k
+    Q = job.n_buf
+    nbytes, budget, cap_hi, bps = job.nbytes, job.budget, job.cap_hi, job.blocks_per_slot
+    ext_ptr, ext_ids, xu_ptr, xu_units = job.ext_ptr, job.ext_ids, job.xu_ptr, job.xu_units
+    keys, prio, used, hk, hb, hn = buf.keys, buf.prio, buf.used, buf.hk, buf.hb, buf.hn
+    res_bytes, owner, stamp, n_res, due, nxt, ext_stamp = buf.res_bytes, buf.owner, buf.stamp, buf.n_res, buf.due, \
+        buf.nxt, buf.ext_stamp
+    n_out, record, err, load, evict = out.n, out.record, out.err, out.load, out.evict
+    cand, cand_nu, loads, pinned_k, pinned_b = sc.cand, sc.cand_nu, sc.loads, sc.pinned_k, sc.pinned_b
+    U = nbytes.shape[0]
+    R = due.shape[0]
+    S = cap_hi.shape[0]
+    track_due = job.mode == ROUTED
+    tag = s * Q + q
+    n = 0
+    for i in range(sc.ld_start[q], sc.ld_start[q + 1]):
+        for a in range(ext_ptr[loads[i]], ext_ptr[loads[i] + 1]):
+            x = ext_ids[a]
+            for c in range(xu_ptr[x], xu_ptr[x + 1]):
+                v = xu_units[c]
+                if stamp[v] == tag or owner[v] >= 0 or nxt[v] <= s or nxt[v] >= INF:
+                    continue
+                whole = True
+                for a2 in range(ext_ptr[v], ext_ptr[v + 1]):
+                    if ext_stamp[ext_ids[a2]] != tag:
+                        whole = False
+                        break
+                if not whole or ht_find(keys, q * U + v) >= 0:
+                    continue
+                stamp[v] = tag  # a candidate once
+                cand[n] = v
+                cand_nu[n] = nxt[v]
+                n += 1
+    if n == 0:
+        return True
+    order = np.argsort(cand_nu[:n], kind="mergesort")
+    n_pinned = 0
+    for j in range(n):
+        v = cand[order[j]]
+        nv = cand_nu[order[j]]
+        if track_due and due[nv % R, q] >= cap_hi[(nv - ep.step0) % S] * bps:
+            continue  # q could not serve it at its next use
+        b = nbytes[v]
+        while res_bytes[q] + b > budget and hn[q] > 0:
+            key, u = heap_pop(hk, hb, hn, q)
+            h = ht_find(keys, q * U + u)
+            if h < 0 or prio[h] != key:
+                continue  # stale entry
+            if used[h] == s:  # used (or kept) at this step: stays
+                pinned_k[n_pinned] = key
+                pinned_b[n_pinned] = u
+                n_pinned += 1
+                continue
+            if key <= nv:  # the farthest resident is used no later than v: v is not kept
+                heap_push(hk, hb, hn, q, key, u)
+                break
+            keys[h] = TOMB
+            if track_due and s < key < INF:
+                due[key % R, q] -= 1
+            n_res[0] -= 1
+            n_res[1] += 1
+            res_bytes[q] -= nbytes[u]
+            if owner[u] == q:
+                owner[u] = -1
+            if record:
+                if n_out[N_EVICT] == evict.shape[0]:
+                    err[0] = OUT_FULL
+                    return False
+                evict[n_out[N_EVICT]] = u
+            n_out[N_EVICT] += 1
+        if res_bytes[q] + b > budget:
+            continue
+        if n_res[0] + n_res[1] + 1 > (keys.shape[0] * 7) // 10:
+            err[0] = TABLE_FULL
+            err[1] = s
+            return False
+        h = ht_insert(keys, q * U + v)
+        if h < 0:
+            h = -h - 1
+            n_res[1] -= 1  # reused a tombstone
+        n_res[0] += 1
+        prio[h] = nv
+        used[h] = s
+        res_bytes[q] += b
+        owner[v] = q
+        if track_due:
+            due[nv % R, q] += 1
+        if record:
+            if n_out[N_LOAD] == load.shape[0]:
+                err[0] = OUT_FULL
+                return False
+            load[n_out[N_LOAD]] = v
+        n_out[N_LOAD] += 1
+        if not heap_push_room(hk, hb, hn, q, nv, v, keys, prio, U, hk.shape[1]):
+            err[0] = HEAP_FULL
+            err[1] = s
+            err[2] = q
+            return False
+    for j in range(n_pinned):
+        heap_push(hk, hb, hn, q, pinned_k[j], pinned_b[j])
     return True
 
 
