@@ -15,6 +15,7 @@ import solar.layout.build
 import solar.layout.h5meta
 from solar.cli import main
 from solar.layout import load_layout
+from solar.layout.parts import PART_ARRAYS, is_parts, split_chunks
 from solar.loader import SolarLoader
 from solar.schedule import Schedule, ScheduleError
 from solar.schedule.format import array_digest, header_digest
@@ -77,19 +78,30 @@ def rewrite(path, dataset, arr):
 # ------------------------------------------------------------------ stored = built
 @pytest.mark.parametrize("preset,storage", [("ptychonn", "gzip"), ("well", "chunked"), ("pdebench-mult", "lzf"),
                                             ("cosmoflow", "contiguous"), ("pdebench", "multi")])
-def test_stored_layout_equals_the_built_one(tmp_path, preset, storage):
+@pytest.mark.parametrize("parts", [None, False])
+def test_stored_layout_equals_the_built_one(tmp_path, preset, storage, parts):
+    """The stored layout is the one planned: by default cut into parts of chunks where a chunk holds several
+    samples' rows (:mod:`solar.layout.parts`, arrays ``block_parent`` and ``part_offset`` included), whole
+    chunks with ``parts=False``."""
     data = make_dataset(tmp_path, preset, storage)
     path = tmp_path / "p.h5"
-    solar.plan(data, world_size=1, local_batch=1, epochs=1, buffer_per_rank="64MiB", out=str(path)).close()
+    solar.plan(data, world_size=1, local_batch=1, epochs=1, buffer_per_rank="64MiB", out=str(path),
+               parts=parts).close()
     built = load_layout(data)
+    if parts is None:
+        built = split_chunks(built) or built
     with Schedule.load(str(path)) as s:
         assert s.version >= 3 and s.has_layout and s.layout_bytes > 0
         stored = s.layout()
+        assert s.fingerprint == built.fingerprint
     for name in LAYOUT_STATE:
         assert getattr(stored, name) == getattr(built, name), name
-    for name in LAYOUT_ARRAYS:
+    for name in LAYOUT_ARRAYS + (PART_ARRAYS if is_parts(built) else ()):
         a, b = getattr(stored, name), getattr(built, name)
         assert a.dtype == b.dtype and np.array_equal(a, b), name
+    assert is_parts(stored) == is_parts(built)
+    if (preset, storage) == ("ptychonn", "gzip"):  # 3 samples a chunk
+        assert is_parts(stored) == (parts is None)
 
 
 def test_loader_reads_no_hdf5_metadata_and_batches_equal_h5py(job, monkeypatch):

@@ -25,9 +25,9 @@ def test_a_failing_fraction_prints_the_rest_then_one_line_and_exit_2(capsys):
     for name in ("torch", "nopfs", "solar2023", "solar", "ideal"):
         assert f"\n  {name} " in table and "error" not in table
     first = cap.out.split("buffer fraction 0.5 ")[0]
-    assert ("  torch      error: buffer of 25,600 bytes per rank cannot hold the 64,000 bytes of blocks that rank 0 "
+    assert ("  torch       error: buffer of 25,600 bytes per rank cannot hold the 64,000 bytes of blocks that rank 0 "
             "needs at step 0 of epoch 0") in first
-    assert ("  ideal      error: one buffer pooled over the 4 ranks (4 x 25,600 = 102,400 bytes) cannot hold the "
+    assert ("  ideal       error: one buffer pooled over the 4 ranks (4 x 25,600 = 102,400 bytes) cannot hold the "
             "256,000 bytes of blocks of the global batch at step 0 of epoch 0: it must hold at least one global "
             "batch") in first
     assert "per rank cannot hold the 256,000" not in first

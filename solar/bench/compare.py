@@ -16,6 +16,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from ..memory import DEFAULT_PREFETCH
+from ..layout.parts import chunks_of, is_parts
 
 #: Seconds after which a baseline's epoch is stopped and its rate taken over what it delivered.
 BASELINE_TIME_LIMIT = 120.0
@@ -294,6 +295,7 @@ def measure_disk(layout, depth: int = 16, depths=BEST_DEPTHS) -> dict:
     random_by_depth, best_random_read_gbps, best_depth)``; ``bytes_per_s``/``method`` are the sequential figure
     (as before), ``random_read_gbps`` the one at ``depth``.
     """
+    layout = chunks_of(layout)  # a plan on parts of chunks reads whole chunks
     from .disk import cold_parallel_sequential_read, cold_random_read, typical_block
     extents, block = typical_block(layout)
     rnd = cold_random_read(layout.files, extents, depth=depth)
@@ -310,6 +312,7 @@ def measure_disk(layout, depth: int = 16, depths=BEST_DEPTHS) -> dict:
 
 def measure_random(layout, depth: int = 16) -> float:
     """The disk's cold random-read GB/s alone, as :func:`measure_disk` measures it (between solar's epochs)."""
+    layout = chunks_of(layout)  # a plan on parts of chunks reads whole chunks
     from .disk import cold_random_read, typical_block
     extents, _ = typical_block(layout)
     return cold_random_read(layout.files, extents, depth=depth)["bytes_per_s"] / 1e9
@@ -318,6 +321,7 @@ def measure_random(layout, depth: int = 16) -> float:
 def measure_decode(layout) -> "dict | None":
     """The CPU limit of filtered data (:func:`solar.bench.decode.decode_limit`, the node's cores), with
     ``filtered_fraction``: the share of the layout's stored bytes that are filtered (what it applies to)."""
+    layout = chunks_of(layout)  # a plan on parts of chunks reads whole chunks
     from .decode import decode_limit, filtered_blocks
     r = decode_limit(layout)
     if r is not None:
@@ -440,7 +444,7 @@ def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fra
           ranks_per_node: Optional[int] = None, policy: Optional[str] = None, peer_cost=None,
           reader_options: Optional[dict] = None, device: str = "cpu", model: str = "none", amp: str = "auto",
           log: Optional[Callable[[str], None]] = None, loader_options: Optional[dict] = None,
-          reads_in_flight: Optional[int] = None, step_sync: bool = False) -> dict:
+          reads_in_flight: Optional[int] = None, step_sync: bool = False, parts: Optional[bool] = None) -> dict:
     """Run the comparison; returns the report (the same on every rank).
 
     ``schedule``: the schedule file rank 0 writes (every rank must see it); default
@@ -462,6 +466,7 @@ def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fra
     ``abort_on_error=False``: SolarLoader leaves an error on one rank to the caller (no MPI abort).
     ``reader_options``: passed to solar's reader (e.g. ``{"direct_io": True}``).
     ``reads_in_flight``: :func:`solar.plan`'s (batches of the budget held for reads in flight; default 1).
+    ``parts``: :func:`solar.plan`'s (None: plan parts of chunks where the policy keeps them; False: whole chunks).
     ``step_sync``: solar's ranks wait for each other after every step, as DDP training does (solar alone:
     ``loaders=("solar",)``; a baseline's epoch may stop at its time limit on each rank apart).
     ``ranks_per_node``/``policy``/``peer_cost``: solar runs a node plan (:func:`solar.plan`'s arguments;
@@ -516,13 +521,13 @@ def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fra
         job = dict(world_size=P, local_batch=local_batch, epochs=epochs, buffer_fraction=buffer_fraction,
                    buffer_per_rank=buffer_per_rank, seed=seed, policy=policy, ranks_per_node=ranks_per_node,
                    peer_cost=None if peer_cost is None else peer_cost.to_dict(),
-                   **({} if reads_in_flight is None else {"reads_in_flight": reads_in_flight}))
+                   parts=parts, **({} if reads_in_flight is None else {"reads_in_flight": reads_in_flight}))
         path = schedule or bench_schedule_path(lay, _data_name(spec), **job)
         _say(log, f"planning {P} rank(s) x local batch {local_batch}, {epochs} epoch(s), {lay.n_samples:,} samples")
         t0 = time.perf_counter()
         plan(lay, world_size=P, local_batch=local_batch, epochs=epochs, buffer_fraction=buffer_fraction,
              buffer_per_rank=buffer_per_rank, seed=seed, out=path, progress=progress, policy=policy,
-             ranks_per_node=ranks_per_node, peer_cost=peer_cost, reads_in_flight=reads_in_flight).close()
+             ranks_per_node=ranks_per_node, peer_cost=peer_cost, reads_in_flight=reads_in_flight, parts=parts).close()
         secs = time.perf_counter() - t0
         _say(log, f"schedule written to {path} in {secs:.1f} s")
         return path, secs
@@ -535,7 +540,8 @@ def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fra
     drop, how = make_cache_dropper(paths, cache_mode if cold else "none", comm=comm)
     report = {"spec": spec, "world_size": P, "local_batch": local_batch, "epochs": epochs, "seed": seed,
               "step_time_s": step_time, "cache": how, "dataset_file_bytes": sum(os.path.getsize(p) for p in paths),
-              "n_samples": layout.n_samples, "plan_s": plan_s, "schedule": schedule, "model": model}
+              "n_samples": layout.n_samples, "plan_s": plan_s, "schedule": schedule, "model": model,
+              "parts": is_parts(layout)}  # planned on parts of chunks (solar.layout.parts)
     # 2. the physical limit, cold (rank 0 alone, the others sleep)
     _say(log, "measuring the limits: the disk's cold random and sequential reads, the cpu's decoding")
     report["disk"] = root_call(comm, lambda: measure_disk(layout, disk_depth))

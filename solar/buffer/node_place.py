@@ -47,6 +47,7 @@ from typing import Deque, Dict, List
 import numpy as np
 
 from ..errors import SolarError
+from ..layout.parts import extent_of, stored_once
 from ..memory import plan_node_memory
 from .node_pools import (DONE, FAILED, CLOSED, FLAG, READ, RECV, SHARED, NodeBufferError, SharedPools, assign_slots,
                          check_node_memory, get_read_split, last_uses, node_comm)
@@ -149,6 +150,7 @@ class NodePlace:
         self.sample_blocks = np.asarray(demand["sample_blocks"], np.int64)
         self.block_nbytes = np.asarray(demand["block_nbytes"], np.int64)
         self.block_stored = np.asarray(demand.get("block_stored", demand["block_nbytes"]), np.int64)
+        self.extent = extent_of(getattr(reader, "layout", None))  # parts of chunks: one read per chunk and step
         B = self.block_nbytes.shape[0]
         self.transfers = plan.n_transfers > 0
         if self.transfers:
@@ -581,6 +583,9 @@ class NodePlace:
         # who reads what (the read split), the same on every rank of the node: it needs every local rank's blocks
         needs = [need if j == self.local else self._needs(j, g) for j in range(self.L)]
         owner = self.owners(rb, self.block_stored[rb], needs, self.L)
+        if self.extent is not None and owner.size:  # the parts of a chunk: all read by its first part's reader
+            _, first, inv = np.unique(self.extent[rb], return_index=True, return_inverse=True)
+            owner = owner[first][inv.reshape(-1)]
         self.loaded_by[rb], self.loaded_at[rb] = owner, g
         # what this rank's samples wait for: blocks other local ranks read at g (their SHARED >= g) or before
         # (their READ >= that step); blocks read by no rank yet (-1: received, or read outside) wait for none
@@ -593,7 +598,7 @@ class NodePlace:
         dep_shared[by[peer & (at >= g)]] = g
         mine = order[owner == self.local]
         st.misses, st.bytes_loaded = int(mine.shape[0]), int(self.block_nbytes[r_blocks[mine]].sum())
-        st.stored_bytes = int(self.block_stored[r_blocks[mine]].sum())
+        st.stored_bytes = stored_once(self.block_stored, self.extent, r_blocks[mine])
         st.staged = int(np.count_nonzero(is_stage[mine]))
         # this rank's reads that other ranks use at g first, in a request of their own (they wait for it)
         # (where the other ranks' blocks are not known, all of this rank's reads count as used by them)
@@ -607,6 +612,9 @@ class NodePlace:
             mark[theirs] = False
         else:
             used = np.zeros(mine.shape[0], bool)
+        if self.extent is not None and used.any() and not used.all():  # a chunk's parts in one request
+            ext = self.extent[r_blocks[mine]]
+            used = np.isin(ext, ext[used])
         t0 = time.perf_counter()
         futs = []
         for part in (mine[used], mine[~used]):

@@ -14,6 +14,7 @@ from typing import Dict
 
 import numpy as np
 
+from ..layout.parts import extent_of, stored_once
 from ..memory import bookkeeping_bytes, memory_need
 from .pool import SlotPools
 from .steps import Booked, BufferError, BufferTotals, StepBlocks, StepStats, check_distinct, read_outside, step_blocks
@@ -40,6 +41,7 @@ class RankPlace:
         self.sample_blocks = np.asarray(demand["sample_blocks"], dtype=np.int64)
         self.block_nbytes = np.asarray(demand["block_nbytes"], dtype=np.int64)
         self.block_stored = np.asarray(demand.get("block_stored", demand["block_nbytes"]), dtype=np.int64)
+        self.extent = extent_of(getattr(reader, "layout", None))  # parts of chunks: a chunk is read once a step
         if isinstance(keep_step_stats, bool) or not isinstance(keep_step_stats, int) or keep_step_stats < 0:
             raise BufferError(f"keep_step_stats must be an integer >= 0 (steps), got {keep_step_stats!r}")
         self.prefetch = int(prefetch)
@@ -143,14 +145,16 @@ class RankPlace:
         self._alloc_for = None
         sp = self._step
         st = StepStats(g, samples=int(sp.samples.shape[0]))
-        st.misses, st.bytes_loaded = int(load.shape[0]), int(self.block_nbytes[load].sum())
-        st.stored_bytes = int(self.block_stored[load].sum())
+        st.stored_bytes = stored_once(self.block_stored, self.extent, load)
         samples = np.asarray(sp.samples, dtype=np.int64)
         # where each block of this step lives now (a later step may move it; the old slot stays held)
         need = step_blocks(self.sample_ptr, self.sample_blocks, samples) if samples.size else np.unique(load)
+        # misses: the loads this step uses (a plan on parts also loads parts of the chunks it reads for later)
+        used = load if self.extent is None else load[np.isin(load, need)]
+        st.misses, st.bytes_loaded = int(used.shape[0]), int(self.block_nbytes[used].sum())
         slot = self.slot_of[need]
         missing = need[slot < 0]
-        st.hits = int(need.shape[0] - load.shape[0] - missing.shape[0])
+        st.hits = int(need.shape[0] - used.shape[0] - missing.shape[0])
         st.hit_bytes = int(self.block_nbytes[need].sum() - st.bytes_loaded - self.block_nbytes[missing].sum())
         extra = read_outside(self.reader, missing, self.block_nbytes, st)
         blocks = StepBlocks(g, need, self.class_of[need].astype(np.int64), slot, self.pools, self.block_nbytes, extra)

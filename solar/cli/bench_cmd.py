@@ -91,6 +91,8 @@ def add_parser(sub):
     p.add_argument("--reads-in-flight", type=positive_int, metavar="N",
                    help="solar plan's --reads-in-flight: batches of each rank's budget held for reads in flight "
                         "(default 1)")
+    p.add_argument("--no-parts", dest="parts", action="store_false", default=None,
+                   help="solar plan's --no-parts: plan whole chunks, not one sample's rows of a chunk")
     p.add_argument("--step-sync", action="store_true",
                    help="with --only solar: the ranks wait for each other after every step, as DDP's gradient "
                         "all-reduce makes training do")
@@ -207,7 +209,7 @@ def run(args) -> int:
                     progress=args.progress and comm.rank == 0 and _is_terminal(sys.stderr),
                     abort_on_error=args.abort_on_error,
                     baseline_time_limit=args.baseline_time_limit or None, ranks_per_node=L,
-                    reads_in_flight=args.reads_in_flight, step_sync=args.step_sync,
+                    reads_in_flight=args.reads_in_flight, step_sync=args.step_sync, parts=args.parts,
                     policy=args.policy, peer_cost=cost, reader_options=args.reader_options,
                     device=args.device, model=args.model, amp=args.amp,
                     loader_options={k: v for k, v in (("cpus", args.cpus), ("buffer_device", args.buffer_device),

@@ -67,6 +67,10 @@ def add_parser(sub):
     p.add_argument("--reads-in-flight", type=positive_int, metavar="N",
                    help="batches of each rank's budget held for reads in flight (default 1): more lets reads run "
                         "further ahead of the steps in use, each a batch less of residency")
+    p.add_argument("--no-parts", dest="parts", action="store_false", default=None,
+                   help="plan whole chunks (default: where a chunk holds several samples' rows and the policy "
+                        "keeps parts, plan one sample's rows of a chunk as a unit: the buffer keeps the rows used "
+                        "soon and drops the rest, and reads each chunk about once an epoch)")
     p.add_argument("--seed", type=non_negative_int, help="DistributedSampler seed (default 0)")
     p.add_argument("--drop-last", action="store_true", default=None, help="as DistributedSampler(drop_last=True)")
     p.add_argument("--epsilon", type=epsilon,
@@ -135,7 +139,8 @@ def run(args) -> int:
     kw = dict(world_size=args.world_size, local_batch=args.local_batch, epochs=epochs,
               buffer_per_rank=args.buffer_per_rank, buffer_fraction=args.buffer_fraction, seed=args.seed,
               drop_last=args.drop_last, epsilon=args.epsilon, split=args.split, fields=args.fields,
-              window=args.window, resume_from=args.resume_from, reads_in_flight=args.reads_in_flight)
+              window=args.window, resume_from=args.resume_from, reads_in_flight=args.reads_in_flight,
+              parts=args.parts)
     s = plan(args.spec, policy=args.policy, out=args.output, progress=sys.stderr.isatty(), ranks_per_node=L,
              peer_cost=cost, device_buffer=args.device_buffer, **kw)
     summary = s.summary()

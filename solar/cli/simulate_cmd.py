@@ -64,6 +64,10 @@ def add_parser(sub):
     p.add_argument("--no-group-blocks", dest="group_blocks", action="store_false",
                    help="plan every layout block on its own (default: blocks that the same samples use, "
                         "e.g. the fields of one sample, are planned as one unit)")
+    p.add_argument("--no-parts", dest="parts", action="store_false",
+                   help="plan whole chunks (default: where a chunk holds several samples' rows, the policies that "
+                        "keep parts, as solar plan does, plan one sample's rows of a chunk as a unit, read with "
+                        "its chunk; the table marks them *)")
     p.add_argument("--policies", nargs="+", default=None, choices=list(ALL_POLICIES), metavar="POLICY",
                    help=f"policies to compare (default: {' '.join(POLICIES)}, and with --ranks-per-node above 1 "
                         f"solar-peer, what solar plan plans for such nodes, after solar; also: "
@@ -95,9 +99,14 @@ def run(args) -> int:
         check_output_path(args.plot, "--plot", (".png", ".pdf", ".svg"))
     if args.spec and (args.samples is not None or args.sample_bytes is not None):
         raise SpecError("--samples and --sample-bytes describe a synthetic layout: give them or a SPEC, not both")
+    parts = None
     if args.spec:
         from ..layout import load_layout
-        demand = Demand.from_layout(load_layout(args.spec, progress=sys.stderr.isatty()))
+        from ..layout.parts import split_chunks
+        layout = load_layout(args.spec, progress=sys.stderr.isatty())
+        demand = Demand.from_layout(layout)
+        cut = split_chunks(layout) if args.parts else None
+        parts = Demand.from_layout(cut) if cut is not None else None
         source = args.spec
     else:
         if args.samples is None or args.sample_bytes is None:
@@ -121,7 +130,7 @@ def run(args) -> int:
     for frac, per_rank in budgets:
         res = simulate(demand, P, args.local_batch, args.epochs, per_rank, seed=args.seed, drop_last=args.drop_last,
                        epsilon=args.epsilon, policies=args.policies, progress=sys.stderr.isatty(),
-                       group_blocks=args.group_blocks, ranks_per_node=args.ranks_per_node, cost=cost)
+                       group_blocks=args.group_blocks, ranks_per_node=args.ranks_per_node, cost=cost, parts=parts)
         rows.append({"fraction": frac, "buffer_per_rank": per_rank, "results": res})
     if args.plot:
         plot(rows, args.plot, f"{source}; P={P}, b={args.local_batch}, E={args.epochs}, eps={args.epsilon}")
@@ -129,6 +138,7 @@ def run(args) -> int:
         print(json.dumps({"source": source, "dataset_bytes": total, "world_size": P,
                           "local_batch": args.local_batch, "epochs": args.epochs, "epsilon": args.epsilon,
                           "group_blocks": args.group_blocks, "ranks_per_node": args.ranks_per_node,
+                          "parts": parts is not None,
                           **cost.to_dict(), "rows": rows}, indent=2))
     else:
         nodes = f", {P // args.ranks_per_node} nodes of {args.ranks_per_node} ranks" if args.ranks_per_node > 1 else ""

@@ -144,6 +144,20 @@ def split_chunks(layout) -> Optional[Layout]:
     return out
 
 
+def extent_of(layout) -> Optional[np.ndarray]:
+    """int64[B] the chunk of each block of a layout of parts (None for any other layout, or None)."""
+    return getattr(layout, "block_parent", None) if layout is not None else None
+
+
+def stored_once(block_stored: np.ndarray, extent: Optional[np.ndarray], blocks: np.ndarray) -> int:
+    """Storage bytes of reading ``blocks`` in one request: each chunk once (``extent``: :func:`extent_of`)."""
+    blocks = np.asarray(blocks, dtype=np.int64)
+    if extent is None or blocks.size < 2:
+        return int(block_stored[blocks].sum())
+    _, first = np.unique(extent[blocks], return_index=True)
+    return int(block_stored[blocks[first]].sum())
+
+
 def _arrays(layout) -> dict:
     return {k: getattr(layout, k) for k in ("block_offset", "block_stored", "block_mask")}
 

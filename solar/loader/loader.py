@@ -493,15 +493,22 @@ def _read_layout(schedule: Schedule, data):
     """``(layout, stored)``: the layout to serve: ``data`` (a Layout, or built from a spec path's HDF5
     metadata), else the one the schedule stores (``stored`` True: no data file opened; the caller checks
     it against the files as ``verify_data`` says), else built from the dataset path the schedule names
-    (format versions 1, 2).  Its fingerprint is compared with the schedule's by the caller."""
+    (format versions 1, 2).  A schedule planned on parts of chunks (:mod:`solar.layout.parts`) gets ``data``
+    cut into the same parts.  Its fingerprint is compared with the schedule's by the caller."""
     from ..layout import Layout, load_layout
+    from ..layout.parts import is_parts, split_chunks
     if data is None and schedule.has_layout:
         return schedule.layout(), True
     if data is None:
         if not schedule.source:
             raise SpecError("the schedule does not name its dataset: pass data=<layout spec path>")
         data = schedule.source
-    return (data if isinstance(data, Layout) else load_layout(data)), False
+    layout = data if isinstance(data, Layout) else load_layout(data)
+    if layout.fingerprint != schedule.fingerprint and not is_parts(layout):
+        cut = split_chunks(layout)
+        if cut is not None and cut.fingerprint == schedule.fingerprint:
+            layout = cut
+    return layout, False
 
 
 def _check_rank(rank, comm, world: int) -> int:

@@ -61,7 +61,7 @@ def plan(data: Union[str, "Demand", object], *, world_size: int, local_batch: Op
          policy: Optional[str] = None, out: Optional[str] = None, progress: bool = False,
          split: Optional[str] = None, fields=None, window: Optional[int] = None, resume_from=None,
          ranks_per_node: Optional[int] = None, peer_cost=None, device_buffer=None,
-         reads_in_flight: Optional[int] = None) -> Schedule:
+         reads_in_flight: Optional[int] = None, parts: Optional[bool] = None) -> Schedule:
     """Plan a job and write its schedule to ``out`` (in memory if None); returns the open :class:`Schedule`.
 
     ``data``: a layout spec path / folder / HDF5 file, a :class:`~solar.layout.Layout`
@@ -96,6 +96,11 @@ def plan(data: Union[str, "Demand", object], *, world_size: int, local_batch: Op
     next steps' reads wait for the steps before them (``book_wait_max_s`` in ``solar bench``); each more batch
     lets reads run further ahead and is a batch less of residency.  Stored as ``read_ahead_bytes``.
 
+    ``parts`` (default: where the policy keeps them, :func:`~solar.scheduler.policies.admits_parts`): plan on
+    parts of chunks (:mod:`solar.layout.parts`) where a chunk holds several samples' rows: the buffers keep the
+    rows of a chunk the plan uses soon and drop the rest, so a chunk is read about once an epoch instead of
+    once per eviction.  False: whole chunks.  True with a policy that does not keep parts: a SpecError.
+
     ``ranks_per_node``: node-shared buffers (format version 6): ranks ``n*L .. n*L+L-1`` share node n's
     buffer of L x the per-rank budget, planned with a node-pool policy (default ``"solar-peer"``: solar
     per node, plus blocks sent between nodes where ``peer_cost``, a
@@ -121,7 +126,7 @@ def plan(data: Union[str, "Demand", object], *, world_size: int, local_batch: Op
         return _plan_resumed(data, resume_from, world_size=world_size, local_batch=local_batch, epochs=epochs,
                              buffer_per_rank=buffer_per_rank, buffer_fraction=buffer_fraction, seed=seed,
                              drop_last=drop_last, epsilon=epsilon, policy=policy, out=out, progress=progress,
-                             split=split, fields=fields, window=window, nodes=nodes, reads=reads)
+                             split=split, fields=fields, window=window, nodes=nodes, reads=reads, parts=parts)
     if nodes is not None and policy is None:
         policy = "solar-peer"
     if local_batch is None or epochs is None:
@@ -131,7 +136,7 @@ def plan(data: Union[str, "Demand", object], *, world_size: int, local_batch: Op
     epochs, window = epochs_and_window(epochs, window)
     pol = _policy("solar" if policy is None else policy, nodes is not None)
     out = _out_path(out)
-    data, demand, source = _inputs(data, out, progress, split, fields)
+    data, demand, source = _inputs(data, out, progress, split, fields, _parts(parts, pol))
     budget = buffer_bytes(demand, world_size, buffer_per_rank, buffer_fraction)  # all the rank's memory
     epsilon = check_epsilon(0.0 if epsilon is None else epsilon)  # before the budget, which uses it
     drop_last = check_drop_last(bool(drop_last) if drop_last is None else drop_last)
@@ -209,7 +214,7 @@ def _check_staging(host_budget: int, demand, local_batch: int, epsilon: float) -
 
 def _plan_resumed(data, state, *, world_size: int, local_batch, epochs, buffer_per_rank, buffer_fraction, seed,
                   drop_last, epsilon, policy, out, progress, split, fields, window, nodes=None,
-                  reads: int = 1) -> Schedule:
+                  reads: int = 1, parts=None) -> Schedule:
     """:func:`plan` with ``resume_from=state``: the rest of a checkpointed job on ``world_size`` ranks (with
     ``nodes``, ``(NodeMap, PeerCost)``: as a node plan)."""
     from ..scheduler import elastic
@@ -222,7 +227,13 @@ def _plan_resumed(data, state, *, world_size: int, local_batch, epochs, buffer_p
     if policy is None and get_policy(old["policy"]).node_pools != (nodes is not None):
         policy = "solar" if nodes is None else "solar-peer"  # the old job's policy plans the other kind of buffer
     out = _out_path(out)
-    data, demand, source = _inputs(data, out, progress, split, fields)
+    data, demand, source = _inputs(data, out, progress, split, fields,
+                                   _parts(parts, _policy(policy or old["policy"], nodes is not None)))
+    if demand.has_parts and demand.fingerprint != old["fingerprint"]:  # a job planned on whole chunks
+        from ..layout.parts import chunks_of
+        if chunks_of(data).fingerprint == old["fingerprint"]:
+            data = chunks_of(data)
+            demand = Demand.from_layout(data)
     job = elastic.resume_job(state, demand.n_samples, demand.fingerprint, world_size=world_size,
                              local_batch=local_batch, epochs=epochs, seed=seed, drop_last=drop_last,
                              epsilon=epsilon, policy=policy)
@@ -275,9 +286,23 @@ def _out_path(out) -> Optional[str]:
     return os.fspath(out)
 
 
-def _inputs(data, out: Optional[str], progress: bool, split, fields):
+def _parts(parts, pol) -> bool:
+    """Whether to plan on parts of chunks: ``parts`` (None: where policy ``pol`` keeps them)."""
+    from ..scheduler.policies import admits_parts
+    if parts is None:
+        return admits_parts(pol)
+    if not isinstance(parts, bool):
+        raise SpecError(f"parts must be True, False or None, got {parts!r}")
+    if parts and not admits_parts(pol):
+        raise SpecError(f"parts=True: policy {pol.name!r} does not keep the parts of a chunk it reads (it would read "
+                        f"a chunk for each part); plan it on whole chunks (parts=False)")
+    return parts
+
+
+def _inputs(data, out: Optional[str], progress: bool, split, fields, parts: bool = False):
     """``(data, demand, source)``: the layout (built from a path) or Demand to plan on, and the path planned
-    from ("" for an object); the output checked first (never replace the data with a schedule)."""
+    from ("" for an object); the output checked first (never replace the data with a schedule).  With
+    ``parts``, a layout is cut into parts of chunks where a chunk holds several samples' rows."""
     if out is not None:
         check_folder(out)
     source = ""
@@ -293,6 +318,9 @@ def _inputs(data, out: Optional[str], progress: bool, split, fields):
         raise SpecError(f"data must be a layout spec path, a Layout or a Demand, got {type(data).__name__} {data!r}")
     if out is not None:  # before planning: never replace the data (or anything not a schedule) with a schedule
         check_target(out, getattr(data, "files", ()), getattr(data, "spec", None))
+    if parts and not isinstance(data, Demand):
+        from ..layout.parts import split_chunks
+        data = split_chunks(data) or data
     demand = data if isinstance(data, Demand) else Demand.from_layout(data)
     return data, demand, source
 

@@ -198,9 +198,15 @@ class Schedule:
         return s
 
     def check(self, *, layout=None, fingerprint: Optional[str] = None, world_size: Optional[int] = None):
-        """Raise :class:`ScheduleError` if this schedule was made for another dataset or world size."""
+        """Raise :class:`ScheduleError` if this schedule was made for another dataset or world size.  A layout of
+        whole chunks fits a schedule planned on its parts (:mod:`solar.layout.parts`)."""
         if layout is not None:
             fingerprint = layout.fingerprint
+            if fingerprint != self.fingerprint and getattr(layout, "block_parent", None) is None:
+                from ..layout.parts import split_chunks
+                cut = split_chunks(layout)
+                if cut is not None and cut.fingerprint == self.fingerprint:
+                    fingerprint = cut.fingerprint
         if fingerprint is not None and fingerprint != self.fingerprint:
             raise ScheduleError(
                 f"{self.path}: schedule was planned for another dataset or an older version of it (layout "
@@ -497,6 +503,13 @@ class Schedule:
             with self._reading("/layout"):
                 self._layout = read_layout(self)
         return self._layout[0]
+
+    def block_extent(self):
+        """int64[n_blocks] or None: the chunk of each block when the plan is on parts of chunks
+        (:mod:`solar.layout.parts`; what the planner needs to plan more of the job), else None."""
+        if not self.has_layout:
+            return None
+        return getattr(self.layout(), "block_parent", None)
 
     def planned_file_stats(self):
         """``(size int64[F] bytes, mtime int64[F] ns)`` of each of :meth:`layout`'s files when planned."""

@@ -10,6 +10,7 @@ import numpy as np
 
 from ..errors import LayoutError
 from ..layout import store
+from ..layout.parts import restore_parts
 from . import checks
 from .format import source_paths
 
@@ -63,8 +64,8 @@ def read_layout(sched) -> Tuple[object, np.ndarray, np.ndarray]:
         want = store.shapes(doc, sched.n_blocks)
         arrays = {k: sched._read(f"layout/{k}", dt, want[k]) for k, dt in store.ARRAYS.items()}
         root = _data_root(sched, doc.get("root"), doc.get("root_abs"))
-        layout = store.decode(doc, arrays, sched.demand(), root, sched.fingerprint)
-    except store.StoreDamaged as exc:
+        layout = restore_parts(store.decode(doc, arrays, sched.demand(), root, sched.fingerprint))
+    except (store.StoreDamaged, LayoutError) as exc:
         raise checks.Damaged(f"layout: {exc}") from None
     return layout, arrays["file_size"], arrays["file_mtime_ns"]
 

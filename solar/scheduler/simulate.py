@@ -8,7 +8,7 @@ import numpy as np
 
 from .config import PlanConfig
 from .nodes import NodeMap, PeerCost
-from .policies import POLICIES, get_policy
+from .policies import POLICIES, admits_parts, get_policy
 from .run import BufferTooSmall, Demand, run_policy
 
 
@@ -21,7 +21,7 @@ def dataset_bytes(demand: Demand) -> int:
 def simulate(demand: Demand, world_size: int, local_batch: int, epochs: int, buffer_bytes: int, seed: int = 0,
              drop_last: bool = False, epsilon: float = 0.0, policies: Iterable[str] = tuple(POLICIES),
              progress: bool = False, group_blocks: bool = True, ranks_per_node: int = 1,
-             cost: Optional[PeerCost] = None) -> Dict[str, dict]:
+             cost: Optional[PeerCost] = None, parts: Optional[Demand] = None) -> Dict[str, dict]:
     """Run each policy on the same job; JSON-ready dict per policy.
 
     ``group_blocks``: plan blocks that the same samples use as one unit (see
@@ -30,6 +30,8 @@ def simulate(demand: Demand, world_size: int, local_batch: int, epochs: int, buf
     (``policies.NODE_POLICIES``); the others keep a buffer per rank.
     Hit rates count a peer transfer as a hit (not a storage read); ``steady_peer_hit_rate`` is
     the part of ``steady_hit_rate`` that transfers serve, ``steady_node_hit_rate`` the rest.
+    ``parts``: the same data as parts of chunks (:mod:`solar.layout.parts`), planned instead of ``demand`` for
+    the policies that keep parts (what ``solar plan`` does; ``"parts": true`` in their results).
     """
     cfg = PlanConfig(world_size, local_batch, epochs, int(buffer_bytes), seed=seed, drop_last=drop_last,
                      epsilon=epsilon)
@@ -38,8 +40,9 @@ def simulate(demand: Demand, world_size: int, local_batch: int, epochs: int, buf
     out = {}
     for name in policies:
         pol = get_policy(name)
+        on_parts = parts is not None and admits_parts(pol)
         try:
-            r = run_policy(demand, cfg, name, progress=progress, group_blocks=group_blocks, nodes=nodes, cost=cost)
+            r = run_policy(parts if on_parts else demand, cfg, name, progress=progress, group_blocks=group_blocks, nodes=nodes, cost=cost)
         except BufferTooSmall as exc:  # e.g. solar2023's appended misses outgrow a tight buffer
             out[name] = {"error": _pooled(str(exc), world_size, int(buffer_bytes)) if pol.single_buffer else str(exc)}
             continue
@@ -54,6 +57,7 @@ def simulate(demand: Demand, world_size: int, local_batch: int, epochs: int, buf
             "storage_imbalance": float(rank.max() / rank.mean()) if rank.size > 1 and rank.mean() > 0 else 1.0,
             "epoch_order": r.epoch_order,
             "buffers": "one" if pol.single_buffer else ("node" if pol.node_pools else "rank"),
+            "parts": on_parts,
             "steady_node_hit_rate": r.steady_node_hit_rate,
             "steady_peer_hit_rate": r.steady_peer_hit_rate,
             "peer_hit_rate_per_epoch": r.peer_hit_rate_per_epoch,
@@ -82,18 +86,18 @@ def _pooled(message: str, world_size: int, per_rank: int) -> str:
 def format_table(rows: List[dict]) -> str:
     """Rows: {fraction, buffer_per_rank, results: {policy: dict}}.  ``peer hit``: part of the steady hit
     rate served by transfers from other nodes; ``I/O max/mean``: storage bytes of the busiest buffer
-    (rank, or node for node pools) over the mean."""
+    (rank, or node for node pools) over the mean; a policy marked ``*`` planned parts of chunks."""
     from ..layout.summary import human_bytes
     lines = []
     for row in rows:
         lines.append(f"buffer fraction {row['fraction']:.3g} ({human_bytes(row['buffer_per_rank'])} per rank)")
-        lines.append(f"  {'policy':<10} {'steady hit':>10} {'vs ideal':>8} {'storage/epoch (e>=2)':>21} "
+        lines.append(f"  {'policy':<11} {'steady hit':>10} {'vs ideal':>8} {'storage e0':>10} {'storage/epoch (e>=2)':>21} "
                      f"{'peer hit':>8} {'peer/epoch':>10} {'local batch':>12} {'I/O max/mean':>12}  "
                      f"hit rate per epoch")
         ideal = row["results"].get("ideal", {}).get("steady_hit_rate")
         for name, r in row["results"].items():
             if "error" in r:
-                lines.append(f"  {name:<10} error: {r['error']}")
+                lines.append(f"  {name:<11} error: {r['error']}")
                 continue
             st = r["storage_bytes_per_epoch"]
             steady = np.mean(st[1:]) if len(st) > 1 else st[0]
@@ -102,7 +106,9 @@ def format_table(rows: List[dict]) -> str:
             per = " ".join(f"{h:.3f}" for h in r["hit_rate_per_epoch"])
             pb = r.get("peer_bytes_per_epoch") or [0]
             peer = np.mean(pb[1:]) if len(pb) > 1 else pb[0]
-            lines.append(f"  {name:<10} {r['steady_hit_rate']:>10.4f} {rel:>8} {human_bytes(steady):>21} "
+            label = name + ("*" if r.get("parts") else "")
+            lines.append(f"  {label:<11} {r['steady_hit_rate']:>10.4f} {rel:>8} {human_bytes(st[0]):>10} "
+                         f"{human_bytes(steady):>21} "
                          f"{r.get('steady_peer_hit_rate', 0.0):>8.4f} {human_bytes(peer):>10} {lb:>12} "
                          f"{r['storage_imbalance']:>12.2f}  {per}")
     return "\n".join(lines)

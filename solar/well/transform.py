@@ -146,11 +146,19 @@ class WellTransform:
     def bind_layout(self, layout) -> None:
         """Called by ``SolarLoader(transform=...)`` with the layout its batches come from: sample ids map to
         files and trajectories through this transform's layout, so the two must be the same (a layout of
-        another split or other files would give wrong scalars, boundary conditions and grids, silently)."""
-        if layout.fingerprint != self.fingerprint:
+        another split or other files would give wrong scalars, boundary conditions and grids, silently).  The
+        loader's layout may be this one cut into parts of chunks (:mod:`solar.layout.parts`: the same samples)."""
+        if layout.fingerprint != self.fingerprint and not self._same_parts(layout):
             raise SpecError(f"WellTransform was built for another layout ({self.layout.spec.name or 'fingerprint'} "
                             f"{self.fingerprint}) than the loader's ({layout.fingerprint}): build it with "
                             f"WellTransform(loader.layout) or the same split")
+
+    def _same_parts(self, layout) -> bool:
+        from ..layout.parts import is_parts, split_chunks
+        if not is_parts(layout) or is_parts(self.layout):
+            return False
+        cut = split_chunks(self.layout)
+        return cut is not None and cut.fingerprint == layout.fingerprint
 
     def __call__(self, batch: dict) -> dict:
         """The batch in WellDataset's format (module docstring); ``batch`` is not modified."""
