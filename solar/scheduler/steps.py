@@ -47,6 +47,28 @@ def follow_user(u, q, s, owner, keys, prio, due, hk, hb, hn, err):
 
 
 @nb.njit(cache=True, nogil=True)
+def evict_entry(h, u, key, q, s, track_due, record, keys, due, n_res, res_bytes, nbytes, owner, evict, n_out, err):
+    """Buffer q evicts unit u at step s (its hash-table entry h, priority ``key``): the entry becomes a tombstone,
+    its booking in ``due`` (ROUTED) and its bytes are released, q stops owning it, and the eviction is recorded.
+    False: the recorded list is full (OUT_FULL)."""
+    keys[h] = TOMB
+    if track_due and s < key < INF:
+        due[key % due.shape[0], q] -= 1
+    n_res[0] -= 1
+    n_res[1] += 1
+    res_bytes[q] -= nbytes[u]
+    if owner[u] == q:
+        owner[u] = -1
+    if record:
+        if n_out[N_EVICT] == evict.shape[0]:
+            err[0] = OUT_FULL
+            return False
+        evict[n_out[N_EVICT]] = u
+    n_out[N_EVICT] += 1
+    return True
+
+
+@nb.njit(cache=True, nogil=True)
 def buffer_step(k, peer, job, ep, buf, out, sc):
     """Run the buffers at step k, its positions grouped by buffer in ``sc``; False on failure (``out.err``).
 
@@ -178,20 +200,9 @@ def buffer_step(k, peer, job, ep, buf, out, sc):
                     pinned_b[n_pinned] = u
                     n_pinned += 1
                     continue
-                keys[h] = TOMB
-                if track_due and s < key < INF:
-                    due[key % R, q] -= 1
-                n_res[0] -= 1
-                n_res[1] += 1
-                res_bytes[q] -= nbytes[u]
-                if owner[u] == q:
-                    owner[u] = -1
-                if record:
-                    if n_out[N_EVICT] == evict.shape[0]:
-                        err[0] = OUT_FULL
-                        return False
-                    evict[n_out[N_EVICT]] = u
-                n_out[N_EVICT] += 1
+                if not evict_entry(h, u, key, q, s, track_due, record, keys, due, n_res, res_bytes, nbytes, owner,
+                                   evict, n_out, err):
+                    return False
             for j in range(n_pinned):
                 heap_push(hk, hb, hn, q, pinned_k[j], pinned_b[j])
             for i in range(ld_start[q], ld_start[q + 1]):
@@ -358,20 +369,9 @@ def admit_parts(k, q, job, ep, buf, out, sc):
             if key <= nv:  # the farthest resident is used no later than v: v is not kept
                 heap_push(hk, hb, hn, q, key, u)
                 break
-            keys[h] = TOMB
-            if track_due and s < key < INF:
-                due[key % R, q] -= 1
-            n_res[0] -= 1
-            n_res[1] += 1
-            res_bytes[q] -= nbytes[u]
-            if owner[u] == q:
-                owner[u] = -1
-            if record:
-                if n_out[N_EVICT] == evict.shape[0]:
-                    err[0] = OUT_FULL
-                    return False
-                evict[n_out[N_EVICT]] = u
-            n_out[N_EVICT] += 1
+            if not evict_entry(h, u, key, q, s, track_due, record, keys, due, n_res, res_bytes, nbytes, owner, evict,
+                               n_out, err):
+                return False
         if res_bytes[q] + b > budget:
             continue
         if n_res[0] + n_res[1] + 1 > (keys.shape[0] * 7) // 10:
