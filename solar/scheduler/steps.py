@@ -47,6 +47,24 @@ def follow_user(u, q, s, owner, keys, prio, due, hk, hb, hn, err):
 
 
 @nb.njit(cache=True, nogil=True)
+def insert_entry(key, priority, s, keys, prio, used, n_res, err):
+    """A new hash-table entry ``key`` (buffer * U + unit) at ``priority``, used at step s: its slot, or -1 when
+    the table is full (TABLE_FULL)."""
+    if n_res[0] + n_res[1] + 1 > (keys.shape[0] * 7) // 10:
+        err[0] = TABLE_FULL
+        err[1] = s
+        return -1
+    h = ht_insert(keys, key)
+    if h < 0:
+        h = -h - 1
+        n_res[1] -= 1  # reused a tombstone
+    n_res[0] += 1
+    prio[h] = priority
+    used[h] = s
+    return h
+
+
+@nb.njit(cache=True, nogil=True)
 def evict_entry(h, u, key, q, s, track_due, record, keys, due, n_res, res_bytes, nbytes, owner, evict, n_out, err):
     """Buffer q evicts unit u at step s (its hash-table entry h, priority ``key``): the entry becomes a tombstone,
     its booking in ``due`` (ROUTED) and its bytes are released, q stops owning it, and the eviction is recorded.
@@ -200,8 +218,25 @@ def buffer_step(k, peer, job, ep, buf, out, sc):
                     pinned_b[n_pinned] = u
                     n_pinned += 1
                     continue
-                if not evict_entry(h, u, key, q, s, track_due, record, keys, due, n_res, res_bytes, nbytes, owner,
-                                   evict, n_out, err):
+                # evict_entry's steps written out here, as insert_entry's below: in this loop, run per unit, calls
+                # made planning 15% slower (400,000 samples x 32 ranks, f = 0.5; numba's inline="always" too)
+                keys[h] = TOMB
+                if track_due and s < key < INF:
+                    due[key % R, q] -= 1
+                n_res[0] -= 1
+                n_res[1] += 1
+                res_bytes[q] -= nbytes[u]
+                if owner[u] == q:
+                    owner[u] = -1
+                if record:
+                    if n_out[N_EVICT] == evict.shape[0]:
+                        err[0] = OUT_FULL
+                        return False
+                    evict[n_out[N_EVICT]] = u
+                n_out[N_EVICT] += 1
+                if admit and key < step0 + S and not evict_chunk(u, key, q, s, step0 + S, track_due, record, job, keys,
+                                                                  prio, used, due, n_res, res_bytes, owner, evict,
+                                                                  n_out, err):
                     return False
             for j in range(n_pinned):
                 heap_push(hk, hb, hn, q, pinned_k[j], pinned_b[j])
@@ -301,6 +336,32 @@ def buffer_step(k, peer, job, ep, buf, out, sc):
 
 
 @nb.njit(cache=True, nogil=True)
+def evict_chunk(u, key, q, s, horizon, track_due, record, job, keys, prio, used, due, n_res, res_bytes, owner,
+                evict, n_out, err):
+    """Buffer q has just evicted part u, used again at step ``key`` of this epoch (before ``horizon``, its end):
+    its chunk will be read again by then.  It also evicts the chunk's other parts it holds that this epoch uses
+    no sooner than halfway from now to ``key`` (not those used at this step): they come back with that read,
+    one read for all.  Per part, Belady would keep them and evict parts of other chunks, each read again for
+    its own part.  Halfway: evicting the chunk's parts used soon moves its read too close (they would then
+    occupy the room they freed), measured on parts of 2, 4 and 8 rows at f = 0.25-0.75 (docs/planner.md).
+    False on failure (``out.err``)."""
+    ext_ptr, ext_ids, xu_ptr, xu_units = job.ext_ptr, job.ext_ids, job.xu_ptr, job.xu_units
+    U = job.nbytes.shape[0]
+    x0 = ext_ids[ext_ptr[u]]
+    for c in range(xu_ptr[x0], xu_ptr[x0 + 1]):
+        w = xu_units[c]
+        if w == u:
+            continue
+        h = ht_find(keys, q * U + w)
+        if h < 0 or used[h] == s or prio[h] >= horizon or 2 * (prio[h] - s) < key - s:
+            continue
+        if not evict_entry(h, w, prio[h], q, s, track_due, record, keys, due, n_res, res_bytes, job.nbytes, owner,
+                           evict, n_out, err):
+            return False
+    return True
+
+
+@nb.njit(cache=True, nogil=True)
 def admit_parts(k, q, job, ep, buf, out, sc):
     """Buffer q at step k, after its reads: keep the other parts of the extents it read (parts of one chunk,
     :mod:`solar.layout.parts`; the read brought them at no storage cost) that it will use again before what
@@ -372,19 +433,13 @@ def admit_parts(k, q, job, ep, buf, out, sc):
             if not evict_entry(h, u, key, q, s, track_due, record, keys, due, n_res, res_bytes, nbytes, owner, evict,
                                n_out, err):
                 return False
+            if key < ep.step0 + S and not evict_chunk(u, key, q, s, ep.step0 + S, track_due, record, job, keys, prio,
+                                                      used, due, n_res, res_bytes, owner, evict, n_out, err):
+                return False
         if res_bytes[q] + b > budget:
             continue
-        if n_res[0] + n_res[1] + 1 > (keys.shape[0] * 7) // 10:
-            err[0] = TABLE_FULL
-            err[1] = s
+        if insert_entry(q * U + v, nv, s, keys, prio, used, n_res, err) < 0:
             return False
-        h = ht_insert(keys, q * U + v)
-        if h < 0:
-            h = -h - 1
-            n_res[1] -= 1  # reused a tombstone
-        n_res[0] += 1
-        prio[h] = nv
-        used[h] = s
         res_bytes[q] += b
         owner[v] = q
         if track_due:
