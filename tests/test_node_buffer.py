@@ -29,6 +29,7 @@ from solar.buffer.node_pools import (NodeBufferError, READ_SPLITS, assign_slots,
 from solar.io import get_reader
 from solar.io.reader import ReadStats
 from solar.layout import load_layout
+from solar.layout.parts import extent_of, is_parts, split_chunks, stored_once
 from solar.memory import batch_bytes, node_memory, size_classes, slots_needed, staging_lists
 from solar.loader.assemble import BatchAssembler
 from solar.scheduler.config import PlanConfig
@@ -322,6 +323,23 @@ def well(comm, tmp_path_factory):
     return layout, {s: h5py_sample(layout, s) for s in range(layout.n_samples)}
 
 
+@pytest.fixture(scope="module")
+def well_parts(comm, tmp_path_factory):
+    """(layout, {sample: h5py fields}): The Well windows in chunks of 4 frames, cut into parts of one frame
+    (:mod:`solar.layout.parts`): a window's frames are parts of two chunks, each read once per step."""
+    root = str(tmp_path_factory.mktemp("nodeparts")) if comm.rank == 0 else None
+    out = on_root(comm, lambda: make_dataset(root, "well", "multi", samples=4, steps=12))
+    layout = split_chunks(load_layout(out))
+    assert layout is not None
+    return layout, {s: h5py_sample(layout, s) for s in range(layout.n_samples)}
+
+
+@pytest.fixture(params=["chunks", "parts"])
+def wells(request):
+    """The Well windows in whole chunks (``well``) or in parts of chunks (``well_parts``)."""
+    return request.getfixturevalue("well" if request.param == "chunks" else "well_parts")
+
+
 def run_node(comm, layout, plan, cfg, **kw):
     """Every step of ``plan`` on this rank: (batches, totals, manager)."""
     asm = BatchAssembler(layout)
@@ -370,10 +388,10 @@ def plan_for(comm, layout, L, policy, frac):
 @pytest.mark.mpi
 @pytest.mark.parametrize("policy,frac", [("solar-node", 0.5), ("solar-peer", 0.25)])
 @pytest.mark.parametrize("L", [1, 2])
-def test_batches_equal_h5py_and_reads_match_the_plan(comm, well, policy, frac, L):
+def test_batches_equal_h5py_and_reads_match_the_plan(comm, wells, policy, frac, L):
     if comm.size % L:
         pytest.skip(f"{comm.size} ranks do not make nodes of {L}")
-    layout, ref = well
+    layout, ref = wells
     cfg, plan = plan_for(comm, layout, L, policy, frac)
     batches, tot, mgr = run_node(comm, layout, plan, cfg)
     check_batches(batches, ref, plan.rank(comm.rank)["samples"])
@@ -384,6 +402,11 @@ def test_batches_equal_h5py_and_reads_match_the_plan(comm, well, policy, frac, L
     # storage bytes per node: its ranks' reads sum to its loads' and stages' stored bytes, as the plan says
     read = ncomm.allreduce(tot.bytes_read)
     want = int(layout.block_stored[node["load"]].sum() + layout.block_stored[node["stage"]].sum())
+    if is_parts(layout):  # each step's chunks once (one reader per chunk and step), as the plan counts
+        ext = layout.block_parent
+        want = sum(stored_once(layout.block_stored, ext, np.concatenate([
+            node["load"][node["load_ptr"][g]:node["load_ptr"][g + 1]],
+            node["stage"][node["stage_ptr"][g]:node["stage_ptr"][g + 1]]])) for g in range(plan.n_steps))
     assert read == want == int(node["stats"][:, COL["stored_bytes"]].sum())
     assert ncomm.allreduce(tot.staged) == node["stage"].shape[0]
     ncomm.Free()
@@ -401,8 +424,8 @@ def test_batches_equal_h5py_and_reads_match_the_plan(comm, well, policy, frac, L
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("split", ["need", "spread", "leader"])
-def test_resume_mid_plan_reads_what_is_resident(comm, well, split):
-    layout, ref = well
+def test_resume_mid_plan_reads_what_is_resident(comm, wells, split):
+    layout, ref = wells
     L = 2 if comm.size % 2 == 0 else 1
     cfg, plan = plan_for(comm, layout, L, "solar-peer", 0.25)
     S = plan.steps_per_epoch
@@ -417,7 +440,7 @@ def test_resume_mid_plan_reads_what_is_resident(comm, well, split):
     np.add.at(cnt, node["evict"][:ep[S + 1]], -1)
     res = np.flatnonzero(cnt > 0)
     ncomm = comm.Split(color=n, key=comm.rank)
-    assert ncomm.allreduce(mgr.warmup_bytes_read) == int(layout.block_stored[res].sum())
+    assert ncomm.allreduce(mgr.warmup_bytes_read) == stored_once(layout.block_stored, extent_of(layout), res)
     if split == "leader":
         assert (mgr.warmup_bytes_read > 0) == (ncomm.rank == 0 and res.size > 0)
     ncomm.Free()

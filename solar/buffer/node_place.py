@@ -360,7 +360,7 @@ class NodePlace:
         slot = self.load_slot[:lp[self.start]][::-1][last[np.searchsorted(loaded, blocks)]]
         self.slot_of[blocks] = slot
         self.resident_bytes = self.peak_resident_bytes = int(self.block_nbytes[blocks].sum())
-        owner = self.owners(blocks, self.block_stored[blocks], [], self.L)
+        owner = self._per_chunk(blocks, self.owners(blocks, self.block_stored[blocks], [], self.L))
         self.loaded_by[blocks], self.loaded_at[blocks] = owner, self.start  # in once SHARED >= start
         part = owner == self.local
         views = [self._view(int(self.class_of[b]), int(s), int(b)) for b, s in zip(blocks[part].tolist(),
@@ -582,10 +582,7 @@ class NodePlace:
         rb = r_blocks[order]
         # who reads what (the read split), the same on every rank of the node: it needs every local rank's blocks
         needs = [need if j == self.local else self._needs(j, g) for j in range(self.L)]
-        owner = self.owners(rb, self.block_stored[rb], needs, self.L)
-        if self.extent is not None and owner.size:  # the parts of a chunk: all read by its first part's reader
-            _, first, inv = np.unique(self.extent[rb], return_index=True, return_inverse=True)
-            owner = owner[first][inv.reshape(-1)]
+        owner = self._per_chunk(rb, self.owners(rb, self.block_stored[rb], needs, self.L))
         self.loaded_by[rb], self.loaded_at[rb] = owner, g
         # what this rank's samples wait for: blocks other local ranks read at g (their SHARED >= g) or before
         # (their READ >= that step); blocks read by no rank yet (-1: received, or read outside) wait for none
@@ -631,6 +628,14 @@ class NodePlace:
         self.booked_to = g + 1
         # (no fut: a node place's readiness is its counters, ready(); the reads wake the manager through wakes)
         return Booked(g, samples, blocks, st, None, t0, recvs=recvs, wakes=tuple(f for f in futs if f is not None))
+
+    def _per_chunk(self, blocks: np.ndarray, owner: np.ndarray) -> np.ndarray:
+        """``owner`` (the read split's reader of each of ``blocks``), with the parts of one chunk (a plan on
+        parts of chunks) all read by the reader of the first of them: one read of the chunk."""
+        if self.extent is None or not owner.size:
+            return owner
+        _, first, inv = np.unique(self.extent[blocks], return_index=True, return_inverse=True)
+        return owner[first][inv.reshape(-1)]
 
     def _needs(self, j: int, g: int) -> np.ndarray:
         """int64[m] ascending: the blocks local rank j's samples use at step g (none where the plan does not
