@@ -87,6 +87,14 @@ def _memcpy(typingctx, dst, src, count):
     return types.void(types.int64, types.int64, types.int64), codegen
 
 
+@njit(nogil=True, cache=True)
+def copy_out(src, src_off, dst, nbytes):
+    """``memcpy(dst[k], src + src_off[k], nbytes[k])`` for every k (``src``, ``dst[k]``: int64 addresses),
+    without the GIL: the parts of decoded chunks into their slots (:class:`solar.io.parts.PartReader`)."""
+    for k in range(dst.shape[0]):
+        _memcpy(dst[k], src + src_off[k], nbytes[k])
+
+
 @intrinsic
 def _usleep(typingctx, us):
     """libc ``usleep(useconds_t)``."""

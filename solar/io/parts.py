@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..layout.parts import chunks_of
+from .kernels import copy_out
 from .reader import BlockReader, ReadStats
 
 SCRATCH_BYTES = 64 << 20
@@ -38,6 +39,7 @@ class PartReader(BlockReader):
         self._parent = np.asarray(layout.block_parent)
         self._offset = np.asarray(layout.part_offset)
         self._chunk_nbytes = np.asarray(chunks_of(layout).block_nbytes)
+        self._nbytes = np.asarray(layout.block_nbytes, dtype=np.int64)
         self._free: list = []  # scratch buffers of SCRATCH_BYTES not in use (calls may run at once)
         self._lock = threading.Lock()
 
@@ -79,11 +81,10 @@ class PartReader(BlockReader):
             try:
                 views = [buf[int(end[j] - size[j]) - base:int(end[j]) - base] for j in range(a, b)]
                 stats += self.inner.read_blocks(chunks[a:b], views)
-                for i in order[bounds[g]:bounds[g + 1]].tolist():
-                    j = int(where[i])
-                    lo = int(end[j] - size[j]) - base + int(self._offset[blocks[i]])
-                    o = out[i]
-                    o[:] = buf[lo:lo + o.shape[0]]
+                mine = order[bounds[g]:bounds[g + 1]]  # the parts of these chunks: where each lies in buf
+                src = end[where[mine]] - size[where[mine]] - base + self._offset[blocks[mine]]
+                dst = np.fromiter((out[i].ctypes.data for i in mine.tolist()), np.int64, mine.shape[0])
+                copy_out(buf.ctypes.data, src, dst, self._nbytes[blocks[mine]])
             finally:
                 self._give(buf)
         return stats
