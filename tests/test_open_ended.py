@@ -26,11 +26,13 @@ P, B, K = 2, 3, 2  # world size, local batch, window
 EPOCHS = 3 * K  # three windows
 
 
-@pytest.fixture(scope="module")
-def job(tmp_path_factory):
-    """A 40-sample dataset, an open-ended plan (window K) and a fixed plan of more epochs than 3 windows."""
+@pytest.fixture(scope="module", params=["contiguous", "gzip"])
+def job(tmp_path_factory, request):
+    """A 40-sample dataset, an open-ended plan (window K) and a fixed plan of more epochs than 3 windows; gzip:
+    3 samples a chunk, planned as parts of chunks (:mod:`solar.layout.parts`), which the loader's next windows
+    must plan the same way."""
     root = tmp_path_factory.mktemp("open")
-    data = make_dataset(root, "ptychonn", samples=40)
+    data = make_dataset(root, "ptychonn", request.param, samples=40)
     kw = dict(world_size=P, local_batch=B, buffer_fraction=0.3)
     solar.plan(data, epochs="auto", window=K, out=str(root / "open.h5"), **kw).close()
     solar.plan(data, epochs=EPOCHS + 1, out=str(root / "fixed.h5"), **kw).close()
