@@ -298,3 +298,30 @@ def test_inspect_says_whether_the_layout_is_stored(job, tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["layout_bytes"] > 0
     assert main(["inspect", as_version_2(job[0], tmp_path / "v2.h5")]) == 0
     assert "layout: not stored (format version 2): every rank builds it" in capsys.readouterr().out
+
+
+def test_a_job_planned_on_parts_resumes_on_parts_and_says_why_not_otherwise(tmp_path):
+    """A checkpointed job planned on parts of chunks resumes on parts (by default); asked for whole chunks
+    (``parts=False``, or a policy that does not keep parts) it gets one line saying so, not "another dataset"."""
+    from solar.errors import SpecError
+    data = make_dataset(tmp_path, "ptychonn", "gzip", samples=24)
+    with solar.plan(data, world_size=2, local_batch=2, epochs=3, buffer_fraction=0.3, out=str(tmp_path / "a.h5")) as s:
+        assert is_parts(s.layout())
+        state = {"fingerprint": s.fingerprint, "world_size": 2, "config": s.config.to_dict(), "policy": "solar",
+                 "step": s.steps_per_epoch + 1, "open_ended": False}
+    with solar.plan(data, world_size=1, resume_from=state, buffer_fraction=0.3, out=str(tmp_path / "b.h5")) as s:
+        assert is_parts(s.layout()) and s.start_step == state["step"]
+    for kw in (dict(parts=False), dict(policy="nopfs")):
+        with pytest.raises(SpecError, match="planned on parts of chunks"):
+            solar.plan(data, world_size=1, resume_from=state, buffer_fraction=0.3, out=str(tmp_path / "c.h5"), **kw)
+
+
+def test_an_open_ended_plan_of_a_demand_with_parts_is_refused(tmp_path):
+    """The file of a plan made from a Demand stores no layout, so not the extents its next windows need."""
+    from solar.errors import SpecError
+    from solar.scheduler.run import Demand
+    data = make_dataset(tmp_path, "ptychonn", "gzip", samples=24)
+    demand = Demand.from_layout(split_chunks(load_layout(data)))
+    with pytest.raises(SpecError, match="open-ended plan of a Demand"):
+        solar.plan(demand, world_size=1, local_batch=2, epochs="auto", buffer_fraction=0.5)
+    solar.plan(demand, world_size=1, local_batch=2, epochs=2, buffer_fraction=0.5).close()

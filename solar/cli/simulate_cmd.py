@@ -115,7 +115,7 @@ def run(args) -> int:
             raise SpecError(f"--sample-bytes must be at least 1, got {args.sample_bytes}")
         demand = Demand.synthetic(args.samples, args.sample_bytes, args.samples_per_block, args.blocks_per_sample)
         source = f"synthetic: {args.samples} samples x {args.sample_bytes} B"
-    total = dataset_bytes(demand)
+    total = dataset_bytes(parts if parts is not None else demand)  # what solar plan's --buffer-fraction takes
     P = args.world_size
     if P % args.ranks_per_node:
         raise SpecError(f"--ranks-per-node {args.ranks_per_node} does not divide the world size {P}")

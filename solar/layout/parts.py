@@ -108,6 +108,8 @@ def split_chunks(layout) -> Optional[Layout]:
     if all(tuple(s) == tuple(b) for s, b in zip(shapes, layout.block_shapes)):
         return None
     roles_of = _roles_of(layout)
+    from .limits import check_layout_size
+    check_layout_size(layout.datasets, shapes, layout.sources, layout.files)  # the builder's limits, on parts
     D = len(layout.datasets)
     starts = np.zeros(D + 1, dtype=np.int64)
     for d, (info, shp) in enumerate(zip(layout.datasets, shapes)):

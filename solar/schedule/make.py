@@ -147,6 +147,10 @@ def plan(data: Union[str, "Demand", object], *, world_size: int, local_batch: Op
         _check_staging(host_budget, demand, local_batch, epsilon)
     S = steps_per_epoch(demand.n_samples, world_size, local_batch, cfg.drop_last)
     node_args = {} if nodes is None else {"nodes": nodes[0], "cost": nodes[1]}
+    if window > 0 and data is demand and demand.has_parts:  # the file would not hold the extents: the loader
+        raise SpecError("an open-ended plan of a Demand with block_extent (parts of chunks): the schedule file "  # could
+                        "does not store the extents the loader needs to plan the next windows; plan from the "  # not
+                        "layout (a path or a Layout), or give a number of epochs")  # plan its next windows
     run = PlanRun(demand, cfg, pol, record=True, open_ended=window > 0, **node_args)  # before the file
     w = ScheduleWriter(out, demand, cfg, pol.name, S, source=source, layout=None if data is demand else data,
                        window=window, nodes=nodes, buffer_place="host" if device_buffer is None else "device",
@@ -229,11 +233,8 @@ def _plan_resumed(data, state, *, world_size: int, local_batch, epochs, buffer_p
     out = _out_path(out)
     data, demand, source = _inputs(data, out, progress, split, fields,
                                    _parts(parts, _policy(policy or old["policy"], nodes is not None)))
-    if demand.has_parts and demand.fingerprint != old["fingerprint"]:  # a job planned on whole chunks
-        from ..layout.parts import chunks_of
-        if chunks_of(data).fingerprint == old["fingerprint"]:
-            data = chunks_of(data)
-            demand = Demand.from_layout(data)
+    if demand.fingerprint != old["fingerprint"] and not isinstance(data, Demand):
+        data, demand = _as_planned(data, demand, old, parts, policy)
     job = elastic.resume_job(state, demand.n_samples, demand.fingerprint, world_size=world_size,
                              local_batch=local_batch, epochs=epochs, seed=seed, drop_last=drop_last,
                              epsilon=epsilon, policy=policy)
@@ -284,6 +285,26 @@ def _out_path(out) -> Optional[str]:
     if not isinstance(out, (str, os.PathLike)):
         raise SpecError(f"out must be a file path or None, got {type(out).__name__} {out!r}")
     return os.fspath(out)
+
+
+def _as_planned(layout, demand, old: dict, parts, policy):
+    """``(layout, demand)`` of a resumed job whose checkpointed plan cut chunks into parts differently: the
+    whole chunks when it planned them (planned before parts, or with ``parts=False``), the parts when it
+    planned parts.  Where the old plan had parts, a plan on whole chunks cannot take its state: a SpecError
+    saying so.  Any other mismatch is left to the fingerprint check (another dataset)."""
+    from ..layout.parts import chunks_of, is_parts, split_chunks
+    if is_parts(layout):
+        whole = chunks_of(layout)
+        if whole.fingerprint == old["fingerprint"]:
+            return whole, Demand.from_layout(whole)
+        return layout, demand
+    cut = split_chunks(layout)
+    if cut is not None and cut.fingerprint == old["fingerprint"]:
+        raise SpecError(f"the checkpointed job was planned on parts of chunks (solar.layout.parts); "
+                        f"{'parts=False' if parts is False else 'policy ' + repr(policy)} plans whole chunks, whose "
+                        f"plan cannot take its state: resume with parts (a policy that keeps them: solar, ideal, "
+                        f"solar-node, solar-peer)")
+    return layout, demand
 
 
 def _parts(parts, pol) -> bool:

@@ -203,8 +203,12 @@ class Schedule:
         if layout is not None:
             fingerprint = layout.fingerprint
             if fingerprint != self.fingerprint and getattr(layout, "block_parent", None) is None:
+                from ..errors import LayoutError
                 from ..layout.parts import split_chunks
-                cut = split_chunks(layout)
+                try:
+                    cut = split_chunks(layout)
+                except LayoutError:  # the files changed since the layout was built: not this plan's data
+                    cut = None
                 if cut is not None and cut.fingerprint == self.fingerprint:
                     fingerprint = cut.fingerprint
         if fingerprint is not None and fingerprint != self.fingerprint:

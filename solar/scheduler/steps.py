@@ -277,6 +277,9 @@ def buffer_step(k, peer, job, ep, buf, out, sc):
                 if own_loads:
                     owner[u] = q
                 if record:
+                    if n_out[N_LOAD] == load.shape[0]:
+                        err[0] = OUT_FULL
+                        return False
                     load[n_out[N_LOAD]] = u
                 n_out[N_LOAD] += 1
             if admit and ld_start[q + 1] > ld_start[q] and not admit_parts(k, q, job, ep, buf, out, sc):
@@ -410,32 +413,34 @@ def admit_parts(k, q, job, ep, buf, out, sc):
     if n == 0:
         return True
     order = np.argsort(cand_nu[:n], kind="mergesort")
-    n_pinned = 0
     for j in range(n):
         v = cand[order[j]]
         nv = cand_nu[order[j]]
         if track_due and due[nv % R, q] >= cap_hi[(nv - ep.step0) % S] * bps:
             continue  # q could not serve it at its next use
         b = nbytes[v]
+        n_pinned = 0
         while res_bytes[q] + b > budget and hn[q] > 0:
             key, u = heap_pop(hk, hb, hn, q)
             h = ht_find(keys, q * U + u)
             if h < 0 or prio[h] != key:
                 continue  # stale entry
-            if used[h] == s:  # used (or kept) at this step: stays
+            if key <= nv:  # the farthest resident is used no later than v (parts kept at this step too): v is not
+                heap_push(hk, hb, hn, q, key, u)  # kept; the heap pops the largest, so nothing later could go
+                break
+            if used[h] == s:  # used at this step (and farther than v: INF, or a sender's copy): stays
                 pinned_k[n_pinned] = key
                 pinned_b[n_pinned] = u
                 n_pinned += 1
                 continue
-            if key <= nv:  # the farthest resident is used no later than v: v is not kept
-                heap_push(hk, hb, hn, q, key, u)
-                break
             if not evict_entry(h, u, key, q, s, track_due, record, keys, due, n_res, res_bytes, nbytes, owner, evict,
                                n_out, err):
                 return False
             if key < ep.step0 + S and not evict_chunk(u, key, q, s, ep.step0 + S, track_due, record, job, keys, prio,
                                                       used, due, n_res, res_bytes, owner, evict, n_out, err):
                 return False
+        for j in range(n_pinned):  # back before v goes in: the heap never holds more than before the step
+            heap_push(hk, hb, hn, q, pinned_k[j], pinned_b[j])
         if res_bytes[q] + b > budget:
             continue
         if insert_entry(q * U + v, nv, s, keys, prio, used, n_res, err) < 0:
@@ -455,8 +460,6 @@ def admit_parts(k, q, job, ep, buf, out, sc):
             err[1] = s
             err[2] = q
             return False
-    for j in range(n_pinned):
-        heap_push(hk, hb, hn, q, pinned_k[j], pinned_b[j])
     return True
 
 
