@@ -15,7 +15,8 @@ import solar.layout.build
 import solar.layout.h5meta
 from solar.cli import main
 from solar.layout import load_layout
-from solar.layout.parts import PART_ARRAYS, is_parts, split_chunks
+from solar.layout.parts import PART_ARRAYS, chunks_of, is_parts, split_chunks
+from solar.schedule.summary import format_schedule
 from solar.loader import SolarLoader
 from solar.schedule import Schedule, ScheduleError
 from solar.schedule.format import array_digest, header_digest
@@ -94,6 +95,9 @@ def test_stored_layout_equals_the_built_one(tmp_path, preset, storage, parts):
         assert s.version >= 3 and s.has_layout and s.layout_bytes > 0
         stored = s.layout()
         assert s.fingerprint == built.fingerprint
+        summary = s.summary()  # solar plan / solar inspect say a plan on parts cut which chunks
+        assert summary["parts_of_chunks"] == (chunks_of(built).n_blocks if is_parts(built) else None)
+        assert ("parts of" in format_schedule(summary)) == is_parts(built)
     for name in LAYOUT_STATE:
         assert getattr(stored, name) == getattr(built, name), name
     for name in LAYOUT_ARRAYS + (PART_ARRAYS if is_parts(built) else ()):

@@ -508,6 +508,15 @@ class Schedule:
                 self._layout = read_layout(self)
         return self._layout[0]
 
+    def _parts_of_chunks(self):
+        """The chunks a plan on parts of chunks cut (None: whole chunks, or its layout cannot be read here)."""
+        from ..errors import SolarError
+        try:
+            ext = self.block_extent()
+        except (SolarError, OSError):
+            return None
+        return None if ext is None else int(np.unique(ext).shape[0])
+
     def block_extent(self):
         """int64[n_blocks] or None: the chunk of each block when the plan is on parts of chunks
         (:mod:`solar.layout.parts`; what the planner needs to plan more of the job), else None."""
@@ -547,6 +556,7 @@ class Schedule:
                 "nodes": None if self.nodes is None else {"ranks_per_node": self.nodes.ranks_per_node,
                                                           "n_nodes": self.nodes.n_nodes, **self.peer_cost.to_dict()},
                 "n_samples": self.n_samples, "n_blocks": self.n_blocks, "steps_per_epoch": self.steps_per_epoch,
+                "parts_of_chunks": self._parts_of_chunks(),
                 "source_epochs": self.epoch_order.tolist(), "file_bytes": _file_size(self.path), **p,
                 "memory_per_rank": schedule_memory_summary(self)}
 
