@@ -24,7 +24,7 @@ With the buffer's reads in flight (``io_depth``, 4) that is up to 32 MiB per ran
 not count yet (beside :data:`solar.memory.FIXED_OVERHEAD`).  4, 8, 16 and 64 MiB read the 2,048-sample gzip
 file at the same speed on the 2-core VM."""
 KEEP = 4
-"""Scratch buffers of SCRATCH_BYTES kept for the next calls (larger ones are freed)."""
+"""Scratch buffers of SCRATCH_BYTES kept for the next calls (smaller and larger ones are freed)."""
 
 
 class PartReader(BlockReader):
@@ -53,11 +53,12 @@ class PartReader(BlockReader):
             for i, buf in enumerate(self._free):
                 if buf.shape[0] >= nbytes:
                     return self._free.pop(i)
-        return np.empty(max(nbytes, SCRATCH_BYTES), dtype=np.uint8)
+        # a small request (tiny data, a step of few misses) gets its own size; the others SCRATCH_BYTES, reused
+        return np.empty(nbytes if nbytes < SCRATCH_BYTES // 8 else max(nbytes, SCRATCH_BYTES), dtype=np.uint8)
 
     def _give(self, buf: np.ndarray) -> None:
         with self._lock:
-            if len(self._free) < KEEP and buf.shape[0] <= SCRATCH_BYTES:
+            if len(self._free) < KEEP and buf.shape[0] == SCRATCH_BYTES:
                 self._free.append(buf)
 
     def _read(self, blocks: np.ndarray, out: Sequence[np.ndarray]) -> ReadStats:
