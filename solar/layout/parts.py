@@ -97,6 +97,39 @@ def _parents(info, chunk, part, n_roles: int) -> Tuple[np.ndarray, np.ndarray]:
     return parent, row * row_bytes
 
 
+def _starts(datasets, shapes) -> np.ndarray:
+    """int64[D+1]: the first block of each dataset over blocks of ``shapes``."""
+    starts = np.zeros(len(shapes) + 1, dtype=np.int64)
+    for d, (info, shp) in enumerate(zip(datasets, shapes)):
+        starts[d + 1] = starts[d] + int(np.prod(chunk_grid(info.shape, shp), dtype=np.int64))
+    return starts
+
+
+def _block_nbytes(datasets, shapes, starts) -> np.ndarray:
+    """int64[B]: decoded bytes of each block of ``shapes``."""
+    nbytes = np.empty(int(starts[-1]), dtype=np.int64)
+    for d, (info, shp) in enumerate(zip(datasets, shapes)):
+        nbytes[starts[d]:starts[d + 1]] = int(np.prod(shp, dtype=np.int64)) * info.itemsize
+    return nbytes
+
+
+def _part_map(datasets, shapes, chunks, roles_of) -> Tuple[np.ndarray, np.ndarray]:
+    """``(block_parent, part_offset)`` of the blocks of ``shapes`` (parts) over those of ``chunks`` (whole
+    chunks), dataset by dataset: a dataset whose shapes agree is its own parts."""
+    starts, c_starts = _starts(datasets, shapes), _starts(datasets, chunks)
+    parent = np.empty(int(starts[-1]), dtype=np.int64)
+    offset = np.zeros(int(starts[-1]), dtype=np.int64)
+    for d, (info, shp, chunk) in enumerate(zip(datasets, shapes, chunks)):
+        lo, hi = int(starts[d]), int(starts[d + 1])
+        if tuple(shp) == tuple(chunk):
+            parent[lo:hi] = c_starts[d] + np.arange(hi - lo, dtype=np.int64)
+        else:
+            p, off = _parents(info, tuple(chunk), tuple(shp), len(roles_of[d]))
+            parent[lo:hi] = c_starts[d] + p
+            offset[lo:hi] = off
+    return parent, offset
+
+
 def split_chunks(layout) -> Optional[Layout]:
     """The layout of parts of ``layout`` (see the module), or None when no chunk holds more than one step
     of a sample axis (nothing to cut: contiguous data, one-row chunks).  Its fingerprint is that of its own
@@ -110,24 +143,9 @@ def split_chunks(layout) -> Optional[Layout]:
     roles_of = _roles_of(layout)
     from .limits import check_layout_size
     check_layout_size(layout.datasets, shapes, layout.sources, layout.files)  # the builder's limits, on parts
-    D = len(layout.datasets)
-    starts = np.zeros(D + 1, dtype=np.int64)
-    for d, (info, shp) in enumerate(zip(layout.datasets, shapes)):
-        starts[d + 1] = starts[d] + int(np.prod(chunk_grid(info.shape, shp), dtype=np.int64))
-    B = int(starts[-1])
-    parent = np.empty(B, dtype=np.int64)
-    offset = np.zeros(B, dtype=np.int64)
-    nbytes = np.empty(B, dtype=np.int64)
-    for d, (info, shp, chunk) in enumerate(zip(layout.datasets, shapes, layout.block_shapes)):
-        lo, hi = int(starts[d]), int(starts[d + 1])
-        c0 = int(layout.dataset_block_start[d])
-        if tuple(shp) == tuple(chunk):
-            parent[lo:hi] = c0 + np.arange(hi - lo, dtype=np.int64)
-        else:
-            p, off = _parents(info, tuple(chunk), tuple(shp), len(roles_of[d]))
-            parent[lo:hi] = c0 + p
-            offset[lo:hi] = off
-        nbytes[lo:hi] = int(np.prod(shp, dtype=np.int64)) * info.itemsize
+    starts = _starts(layout.datasets, shapes)
+    parent, offset = _part_map(layout.datasets, shapes, layout.block_shapes, roles_of)
+    nbytes = _block_nbytes(layout.datasets, shapes, starts)
     sample_ptr, sample_blocks = _sample_lists(layout, shapes, starts)
     arrays = dict(sample_ptr=sample_ptr, sample_blocks=sample_blocks,
                   block_dataset=layout.block_dataset[parent], block_offset=layout.block_offset[parent],
@@ -176,18 +194,14 @@ def chunks_of(layout) -> Layout:
     roles_of = _roles_of(layout)
     for d, (info, shp) in enumerate(zip(layout.datasets, layout.block_shapes)):
         shapes.append(tuple(info.chunks) if info.chunks is not None and roles_of.get(d) else tuple(shp))
-    starts = np.zeros(len(shapes) + 1, dtype=np.int64)
-    for d, (info, shp) in enumerate(zip(layout.datasets, shapes)):
-        starts[d + 1] = starts[d] + int(np.prod(chunk_grid(info.shape, shp), dtype=np.int64))
+    starts = _starts(layout.datasets, shapes)
     B = int(starts[-1])
     parent = layout.block_parent
     first = np.full(B, -1, dtype=np.int64)  # a part of each chunk (the first)
     first[parent[::-1]] = np.arange(parent.shape[0] - 1, -1, -1, dtype=np.int64)
     if parent.min(initial=0) < 0 or parent.max(initial=-1) >= B or (first < 0).any():
         raise LayoutError("the layout of parts does not cover its chunks (damaged)")
-    nbytes = np.empty(B, dtype=np.int64)
-    for d, (info, shp) in enumerate(zip(layout.datasets, shapes)):
-        nbytes[starts[d]:starts[d + 1]] = int(np.prod(shp, dtype=np.int64)) * info.itemsize
+    nbytes = _block_nbytes(layout.datasets, shapes, starts)
     sample_ptr, sample_blocks = _sample_lists(layout, shapes, starts)
     arrays = dict(sample_ptr=sample_ptr, sample_blocks=sample_blocks, block_dataset=layout.block_dataset[first],
                   block_offset=layout.block_offset[first], block_stored=layout.block_stored[first],
@@ -207,19 +221,9 @@ def restore_parts(layout) -> Layout:
            for d, (info, shp) in enumerate(zip(layout.datasets, layout.block_shapes))]
     if not any(cut) or is_parts(layout):
         return layout
-    parent = np.empty(layout.n_blocks, dtype=np.int64)
-    offset = np.zeros(layout.n_blocks, dtype=np.int64)
-    c0 = 0
-    for d, info in enumerate(layout.datasets):
-        lo, hi = int(layout.dataset_block_start[d]), int(layout.dataset_block_start[d + 1])
-        chunk = tuple(info.chunks) if cut[d] else tuple(layout.block_shapes[d])
-        if cut[d]:
-            p, off = _parents(info, chunk, tuple(layout.block_shapes[d]), len(roles_of[d]))
-            parent[lo:hi] = c0 + p
-            offset[lo:hi] = off
-        else:
-            parent[lo:hi] = c0 + np.arange(hi - lo, dtype=np.int64)
-        c0 += int(np.prod(chunk_grid(info.shape, chunk), dtype=np.int64))
+    chunks = [tuple(info.chunks) if c else tuple(shp) for info, shp, c in zip(layout.datasets, layout.block_shapes,
+                                                                                cut)]
+    parent, offset = _part_map(layout.datasets, layout.block_shapes, chunks, roles_of)
     arrays = {k: getattr(layout, k) for k in ("sample_ptr", "sample_blocks", "block_dataset", "block_offset",
                                               "block_stored", "block_nbytes", "block_mask", "dataset_block_start",
                                               "source_start")}
