@@ -6,7 +6,7 @@ One process per rank, from any launcher (torchrun, mpiexec, srun); gloo on CPU, 
 
     solar gen ptychonn data/ptychonn --samples 2048
     solar gen ptychonn data/ptychonn-valid --samples 256 --seed 1          # held-out samples
-    MASTER_PORT=29511 mpiexec -n 2 .venv/bin/python examples/train_ptychonn.py data/ptychonn \\
+    mpiexec -n 2 .venv/bin/python examples/train_ptychonn.py data/ptychonn \\
         --valid data/ptychonn-valid --epochs 4 --plot loss.png
     torchrun --nproc-per-node 2 examples/train_ptychonn.py data/ptychonn --loader baseline --epochs 4
 

@@ -11,7 +11,7 @@ input frame (its output conv starts at zero: the untrained model is the persiste
 predictor).  Loss: mean squared error in z units.  Held-out: the spec's ``valid`` split.
 
     solar gen well data/well --samples 4 --steps 40 --size 32
-    MASTER_PORT=29512 mpiexec -n 2 .venv/bin/python examples/train_well.py data/well --valid-split valid \\
+    mpiexec -n 2 .venv/bin/python examples/train_well.py data/well --valid-split valid \\
         --epochs 4 --plot well-loss.png
 
 References on the held-out windows: ``constant`` (the training mean: 0 in z units) and

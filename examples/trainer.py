@@ -4,10 +4,9 @@ reference predictors, samples/s, loader stall, buffer hit rate; checkpoint/resum
 
 An example supplies a :class:`Task` (what to read, how to normalise, the model, the per-sample
 losses and the reference predictors) and calls :func:`main`.  Launch with any launcher that
-sets rank variables: ``torchrun``, ``mpiexec`` (MPICH / Open MPI), ``srun``.  mpi4py is not
-used: rank, world size and the rendezvous come from :func:`solar.torch.init_distributed`
-(``MASTER_ADDR``/``MASTER_PORT``, default ``localhost:29500``; set ``MASTER_PORT`` when two
-jobs share a node).
+sets rank variables: ``torchrun``, ``mpiexec`` (MPICH / Open MPI), ``srun``.  Rank, world size and
+the rendezvous come from :func:`solar.torch.init_distributed` (``MASTER_ADDR``/``MASTER_PORT`` when
+the port is set; under MPI with mpi4py, else, a free port of rank 0 sent over MPI; torchrun's own).
 
 Determinism: inside a local batch samples are put in sample-id order before the forward pass,
 and every reported loss is a sum over samples reduced over ranks, so two loaders that give the
@@ -442,10 +441,6 @@ def split_cores(share: int, cuda: bool, threads: Optional[int], loader_cpus: Opt
     return threads or max(1, share - loader), loader
 
 
-#: launcher variables that say MPI started the ranks (a node plan's shared buffer needs MPI)
-MPI_LAUNCHED = ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK")
-
-
 def node_pool_choice(g: Group, env=None) -> Tuple[Optional[int], int, Optional[str]]:
     """``(ranks per node for the plan or None, ranks per node found, a line for the user or None)``: where the
     job's ranks share
@@ -454,14 +449,14 @@ def node_pool_choice(g: Group, env=None) -> Tuple[Optional[int], int, Optional[s
     Collective."""
     import socket
 
-    from solar.topology import block_ranks_per_node
+    from solar.topology import MPI_LAUNCH_VARS, block_ranks_per_node
     env = os.environ if env is None else env
     L, why = block_ranks_per_node(g.allgather(socket.gethostname()))
     if L is None:
         return None, 1, f"one buffer per rank: {why}"
     if L == 1:
         return None, 1, None
-    if any(v in env for v in MPI_LAUNCHED):
+    if any(v in env for v in MPI_LAUNCH_VARS):  # MPI started the ranks (a node plan needs MPI)
         return L, L, f"the {L} ranks of each node share one buffer (a node plan; --ranks-per-node 1: one per rank)"
     return None, L, (f"one buffer per rank: the {L} ranks of each node could share one (a node plan), which needs "
                   f"MPI (launch with mpiexec or srun, with mpi4py)")

@@ -89,6 +89,9 @@ def block_ranks_per_node(node_of_rank) -> "tuple[Optional[int], str]":
     return L, ""
 
 
+#: variables that say MPI launched this process (MPICH/PMI-2, PMIx, Open MPI)
+MPI_LAUNCH_VARS = ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK")
+
 #: launchers (:attr:`Topology.source`) whose ranks can carry a node plan's shared buffer (MPI starts them)
 MPI_SOURCES = ("mpi4py", "Open MPI", "MPI (PMI)", "SLURM")
 
@@ -137,7 +140,8 @@ def _rendezvous(env) -> tuple:
     SLURM's node list (or localhost) and a port derived from the SLURM job id (or 29500)."""
     nodes = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
     addr = env.get("MASTER_ADDR") or (first_host(nodes) if nodes else "localhost")
-    port = 29500 if "SLURM_JOB_ID" not in env else 20000 + _int(env, "SLURM_JOB_ID", 0) % 20000
+    # below Linux's ephemeral ports (32768-60999), which any process's outgoing connections may hold
+    port = 29500 if "SLURM_JOB_ID" not in env else 20000 + _int(env, "SLURM_JOB_ID", 0) % 12000
     return addr, _int(env, "MASTER_PORT", port)
 
 

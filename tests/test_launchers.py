@@ -195,6 +195,44 @@ def test_init_distributed_from_mpi_variables(job, bare_env, tmp_path):
     check_outputs([str(tmp_path / f"out{r}.json") for r in (0, 1)], ref)
 
 
+MPI_WORKER = textwrap.dedent("""
+    import sys
+    import torch, torch.distributed as dist
+    from solar.torch import init_distributed
+    t = init_distributed("gloo")
+    n = torch.tensor([t.rank + 1])
+    dist.all_reduce(n)
+    print(f"rank {dist.get_rank()} of {dist.get_world_size()}: {int(n)}", flush=True)
+    dist.destroy_process_group()
+""")
+
+
+@pytest.mark.slow  # starts processes that import torch
+def test_init_distributed_under_mpi_needs_no_port(bare_env, tmp_path):
+    """``mpiexec -n 2`` inside a SLURM job without MASTER_PORT: the port that the job id would give is
+    taken by another process, and init_distributed still joins (rank 0 listens on a port the OS gives it
+    and sends it over MPI).  A job once failed here with EADDRINUSE."""
+    pytest.importorskip("mpi4py")
+    script = tmp_path / "w.py"
+    script.write_text(MPI_WORKER)
+    held = socket.socket()  # another process's socket on the port derived from the job id
+    for job_id in range(4242, 4342):
+        try:
+            held.bind(("", 20000 + job_id))
+            break
+        except OSError:
+            continue
+    with held:
+        held.listen()
+        env = dict(os.environ, PYTHONPATH=REPO, SLURM_JOB_ID=str(job_id), SLURM_NODELIST="localhost",
+                   MASTER_ADDR="127.0.0.1")
+        mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+        proc = subprocess.run([mpiexec, "-n", "2", sys.executable, str(script)], env=env, capture_output=True,
+                              text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(proc.stdout.split("\n")[:2]) == ["rank 0 of 2: 3", "rank 1 of 2: 3"], proc.stdout
+
+
 def test_init_distributed_rejects_unknown_backend():
     from solar.torch import init_distributed
     with pytest.raises(solar.SpecError, match="backend 'nope' is not available"):

@@ -1,6 +1,8 @@
 """Initialise ``torch.distributed`` from the launcher's environment (torchrun, SLURM, MPI)."""
 from __future__ import annotations
 
+import os
+import socket
 from datetime import timedelta
 from typing import Optional
 
@@ -8,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import SpecError
-from ..topology import Topology, detect, launcher
+from ..topology import MPI_LAUNCH_VARS, Topology, detect, launcher
 
 __all__ = ["init_distributed", "process_group_backend"]
 
@@ -45,8 +47,11 @@ def _uses_nccl(backend: str) -> bool:
 
 def init_distributed(backend: Optional[str] = None, timeout_s: float = 1800.0) -> Topology:
     """Initialise ``torch.distributed`` from the launcher's variables (torchrun, MPI, SLURM;
-    :func:`solar.topology.detect`): rank 0 listens at ``MASTER_ADDR:MASTER_PORT`` when set, else
-    at the first host of SLURM's node list (or localhost).
+    :func:`solar.topology.detect`): rank 0 listens at ``MASTER_ADDR:MASTER_PORT`` when the port is set.
+    Without ``MASTER_PORT``, in a job that MPI launched (mpiexec, ``srun --mpi=...``; mpi4py installed),
+    rank 0 listens on a free port of its host (``MASTER_ADDR`` if set, else its host name) and sends it
+    to the others over MPI; otherwise at the first host of SLURM's node list (or localhost) on a port
+    derived from the SLURM job id (29500 outside SLURM).
 
     ``backend``: default gloo without CUDA; with CUDA (and for ``"nccl"``) one group with NCCL for
     CUDA tensors and gloo for CPU tensors (``cpu:gloo,cuda:nccl``), so CPU collectives keep working on a
@@ -65,6 +70,50 @@ def init_distributed(backend: Optional[str] = None, timeout_s: float = 1800.0) -
         if not torch.cuda.is_available():
             raise SpecError(f"torch.distributed backend {backend!r} needs CUDA, which this process does not see")
         torch.cuda.set_device(t.local_rank % torch.cuda.device_count())
-    dist.init_process_group(backend, init_method=f"tcp://{t.master_addr}:{t.master_port}", rank=t.rank,
-                            world_size=t.world_size, timeout=timedelta(seconds=timeout_s))
+    timeout = timedelta(seconds=timeout_s)
+    store = _mpi_rendezvous(t, timeout)
+    if store is not None:
+        dist.init_process_group(backend, store=store, rank=t.rank, world_size=t.world_size, timeout=timeout)
+    else:
+        dist.init_process_group(backend, init_method=f"tcp://{t.master_addr}:{t.master_port}", rank=t.rank,
+                                world_size=t.world_size, timeout=timeout)
     return t
+
+
+def _mpi_world(t: Topology):
+    """MPI's world communicator when MPI launched this process (its variables are set), mpi4py is there
+    and its world is the job's; else None.  Imports mpi4py (which starts MPI) only in that case."""
+    if not any(v in os.environ for v in MPI_LAUNCH_VARS) or t.world_size <= 1:
+        return None
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        return None
+    comm = MPI.COMM_WORLD
+    return comm if comm.Get_size() == t.world_size else None
+
+
+def _mpi_rendezvous(t: Topology, timeout: timedelta):
+    """A ``TCPStore`` for the process group, or None to use ``MASTER_ADDR:MASTER_PORT``.
+
+    Without ``MASTER_PORT`` in a job that MPI launched, rank 0 listens on a port the operating system
+    gives it (no guess that another process on the node may hold) and sends its address and port to the
+    other ranks over MPI; a port set by the user is always used as given."""
+    if "MASTER_PORT" in os.environ:
+        return None
+    comm = _mpi_world(t)
+    if comm is None:
+        return None
+    addr = os.environ.get("MASTER_ADDR") or socket.gethostname()
+    store, why = None, ""
+    if comm.Get_rank() == 0:
+        try:
+            store = dist.TCPStore(addr, 0, t.world_size, True, timeout=timeout, wait_for_workers=False)
+        except (RuntimeError, OSError) as exc:  # the address does not resolve, or nothing to listen on
+            why = f"rank 0 cannot listen at {addr!r} for torch.distributed ({exc}): set MASTER_ADDR"
+    addr, port, why = comm.bcast((addr, store.port if store is not None else 0, why), root=0)
+    if why:
+        raise SpecError(why)
+    if store is None:
+        store = dist.TCPStore(addr, port, t.world_size, False, timeout=timeout)
+    return store
