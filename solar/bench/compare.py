@@ -444,7 +444,8 @@ def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fra
           ranks_per_node: Optional[int] = None, policy: Optional[str] = None, peer_cost=None,
           reader_options: Optional[dict] = None, device: str = "cpu", model: str = "none", amp: str = "auto",
           log: Optional[Callable[[str], None]] = None, loader_options: Optional[dict] = None,
-          reads_in_flight: Optional[int] = None, step_sync: bool = False, parts: Optional[bool] = None) -> dict:
+          reads_in_flight: Optional[int] = None, step_sync: bool = False, parts: Optional[bool] = None,
+          neighbours: Optional[bool] = None) -> dict:
     """Run the comparison; returns the report (the same on every rank).
 
     ``schedule``: the schedule file rank 0 writes (every rank must see it); default
@@ -467,6 +468,7 @@ def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fra
     ``reader_options``: passed to solar's reader (e.g. ``{"direct_io": True}``).
     ``reads_in_flight``: :func:`solar.plan`'s (batches of the budget held for reads in flight; default 1).
     ``parts``: :func:`solar.plan`'s (None: plan parts of chunks where the policy keeps them; False: whole chunks).
+    ``neighbours``: :func:`solar.plan`'s (None: read runs of neighbouring blocks where the policy keeps them).
     ``step_sync``: solar's ranks wait for each other after every step, as DDP training does (solar alone:
     ``loaders=("solar",)``; a baseline's epoch may stop at its time limit on each rank apart).
     ``ranks_per_node``/``policy``/``peer_cost``: solar runs a node plan (:func:`solar.plan`'s arguments;
@@ -521,13 +523,15 @@ def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fra
         job = dict(world_size=P, local_batch=local_batch, epochs=epochs, buffer_fraction=buffer_fraction,
                    buffer_per_rank=buffer_per_rank, seed=seed, policy=policy, ranks_per_node=ranks_per_node,
                    peer_cost=None if peer_cost is None else peer_cost.to_dict(),
-                   parts=parts, **({} if reads_in_flight is None else {"reads_in_flight": reads_in_flight}))
+                   parts=parts, neighbours=neighbours,
+                   **({} if reads_in_flight is None else {"reads_in_flight": reads_in_flight}))
         path = schedule or bench_schedule_path(lay, _data_name(spec), **job)
         _say(log, f"planning {P} rank(s) x local batch {local_batch}, {epochs} epoch(s), {lay.n_samples:,} samples")
         t0 = time.perf_counter()
         plan(lay, world_size=P, local_batch=local_batch, epochs=epochs, buffer_fraction=buffer_fraction,
              buffer_per_rank=buffer_per_rank, seed=seed, out=path, progress=progress, policy=policy,
-             ranks_per_node=ranks_per_node, peer_cost=peer_cost, reads_in_flight=reads_in_flight, parts=parts).close()
+             ranks_per_node=ranks_per_node, peer_cost=peer_cost, reads_in_flight=reads_in_flight, parts=parts,
+             neighbours=neighbours).close()
         secs = time.perf_counter() - t0
         _say(log, f"schedule written to {path} in {secs:.1f} s")
         return path, secs
@@ -536,12 +540,14 @@ def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fra
     from ..schedule import Schedule
     with Schedule.load(schedule) as sch:
         layout = sch.layout() if sch.has_layout else load_layout(spec)
+        run_bytes = sch.neighbour_run_bytes
     paths = list(layout.files)
     drop, how = make_cache_dropper(paths, cache_mode if cold else "none", comm=comm)
     report = {"spec": spec, "world_size": P, "local_batch": local_batch, "epochs": epochs, "seed": seed,
               "step_time_s": step_time, "cache": how, "dataset_file_bytes": sum(os.path.getsize(p) for p in paths),
               "n_samples": layout.n_samples, "plan_s": plan_s, "schedule": schedule, "model": model,
-              "parts": is_parts(layout)}  # planned on parts of chunks (solar.layout.parts)
+              "parts": is_parts(layout),  # planned on parts of chunks (solar.layout.parts)
+              "neighbour_run_bytes": run_bytes}  # read runs of neighbouring blocks (solar.layout.runs); 0: not
     # 2. the physical limit, cold (rank 0 alone, the others sleep)
     _say(log, "measuring the limits: the disk's cold random and sequential reads, the cpu's decoding")
     report["disk"] = root_call(comm, lambda: measure_disk(layout, disk_depth))

@@ -151,6 +151,7 @@ class NodePlace:
         self.block_nbytes = np.asarray(demand["block_nbytes"], np.int64)
         self.block_stored = np.asarray(demand.get("block_stored", demand["block_nbytes"]), np.int64)
         self.extent = extent_of(getattr(reader, "layout", None))  # parts of chunks: one read per chunk and step
+        self.together = self.extent if self.extent is not None else demand.get("block_run")  # ... or per run
         B = self.block_nbytes.shape[0]
         self.transfers = plan.n_transfers > 0
         if self.transfers:
@@ -631,10 +632,11 @@ class NodePlace:
 
     def _per_chunk(self, blocks: np.ndarray, owner: np.ndarray) -> np.ndarray:
         """``owner`` (the read split's reader of each of ``blocks``), with the parts of one chunk (a plan on
-        parts of chunks) all read by the reader of the first of them: one read of the chunk."""
-        if self.extent is None or not owner.size:
+        parts of chunks) all read by the reader of the first of them: one read of the chunk; likewise the
+        blocks of one run of neighbours (a plan that reads them, :mod:`solar.layout.runs`): one request."""
+        if self.together is None or not owner.size:
             return owner
-        _, first, inv = np.unique(self.extent[blocks], return_index=True, return_inverse=True)
+        _, first, inv = np.unique(self.together[blocks], return_index=True, return_inverse=True)
         return owner[first][inv.reshape(-1)]
 
     def _needs(self, j: int, g: int) -> np.ndarray:

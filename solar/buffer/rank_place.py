@@ -149,8 +149,8 @@ class RankPlace:
         samples = np.asarray(sp.samples, dtype=np.int64)
         # where each block of this step lives now (a later step may move it; the old slot stays held)
         need = step_blocks(self.sample_ptr, self.sample_blocks, samples) if samples.size else np.unique(load)
-        # misses: the loads this step uses (a plan on parts also loads parts of the chunks it reads for later)
-        used = load if self.extent is None else load[np.isin(load, need)]
+        # misses: the loads this step uses (a plan on parts, or with neighbours, also loads blocks for later)
+        used = load[np.isin(load, need)] if load.size else load
         st.misses, st.bytes_loaded = int(used.shape[0]), int(self.block_nbytes[used].sum())
         slot = self.slot_of[need]
         missing = need[slot < 0]

@@ -93,6 +93,8 @@ def add_parser(sub):
                         "(default 1)")
     p.add_argument("--no-parts", dest="parts", action="store_false", default=None,
                    help="solar plan's --no-parts: plan whole chunks, not one sample's rows of a chunk")
+    p.add_argument("--neighbour-reads", dest="neighbours", action="store_true", default=None,
+                   help="solar plan's --neighbour-reads: a read also brings the neighbouring blocks used soon")
     p.add_argument("--step-sync", action="store_true",
                    help="with --only solar: the ranks wait for each other after every step, as DDP's gradient "
                         "all-reduce makes training do")
@@ -210,6 +212,7 @@ def run(args) -> int:
                     abort_on_error=args.abort_on_error,
                     baseline_time_limit=args.baseline_time_limit or None, ranks_per_node=L,
                     reads_in_flight=args.reads_in_flight, step_sync=args.step_sync, parts=args.parts,
+                    neighbours=args.neighbours,
                     policy=args.policy, peer_cost=cost, reader_options=args.reader_options,
                     device=args.device, model=args.model, amp=args.amp,
                     loader_options={k: v for k, v in (("cpus", args.cpus), ("buffer_device", args.buffer_device),

@@ -71,6 +71,9 @@ def add_parser(sub):
                    help="plan whole chunks (default: where a chunk holds several samples' rows and the policy "
                         "keeps parts, plan one sample's rows of a chunk as a unit: the buffer keeps the rows used "
                         "soon and drops the rest, and reads each chunk about once an epoch)")
+    p.add_argument("--neighbour-reads", dest="neighbours", action="store_true", default=None,
+                   help="where blocks are stored back to back, a read also brings the neighbouring blocks the plan "
+                        "uses soon, in the same request: fewer, larger reads (policies that keep parts)")
     p.add_argument("--seed", type=non_negative_int, help="DistributedSampler seed (default 0)")
     p.add_argument("--drop-last", action="store_true", default=None, help="as DistributedSampler(drop_last=True)")
     p.add_argument("--epsilon", type=epsilon,
@@ -140,7 +143,7 @@ def run(args) -> int:
               buffer_per_rank=args.buffer_per_rank, buffer_fraction=args.buffer_fraction, seed=args.seed,
               drop_last=args.drop_last, epsilon=args.epsilon, split=args.split, fields=args.fields,
               window=args.window, resume_from=args.resume_from, reads_in_flight=args.reads_in_flight,
-              parts=args.parts)
+              parts=args.parts, neighbours=args.neighbours)
     s = plan(args.spec, policy=args.policy, out=args.output, progress=sys.stderr.isatty(), ranks_per_node=L,
              peer_cost=cost, device_buffer=args.device_buffer, **kw)
     summary = s.summary()

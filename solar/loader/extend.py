@@ -73,7 +73,7 @@ class WindowPlanner:
         """A PlanRun at the end of window 0, made by planning the file's epochs again (not recorded)."""
         s, d = self.schedule, self.schedule.demand()
         demand = Demand(d["sample_ptr"], np.asarray(d["sample_blocks"], np.int64), d["block_nbytes"],
-                        d["block_stored"], s.fingerprint, s.block_extent())
+                        d["block_stored"], s.fingerprint, s.block_extent(), s.extent_runs)
         t0 = time.perf_counter()
         run = PlanRun(demand, s.config, s.policy, record=False, open_ended=True, nodes=s.nodes, cost=s.peer_cost)
         res = run.advance(self.K)

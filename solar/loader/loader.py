@@ -172,6 +172,8 @@ class SolarLoader:
         try:
             self.schedule.check(layout=self.layout)
             self.demand = self.schedule.demand()
+            if self.nodes is not None and self.schedule.extent_runs:  # one rank reads a run for the node
+                self.demand = dict(self.demand, block_run=self.schedule.block_extent())
             # this rank's memory (solar.memory), checked against what the plan was made for before any
             # file is opened (whether it fits does not depend on the reader: reads in flight get what is left)
             self.batch_bytes = batch_bytes(self.layout, max_local_batch(self.schedule.config))

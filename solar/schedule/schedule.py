@@ -119,6 +119,9 @@ class Schedule:
         #: memory per rank held for reads in flight beyond the one batch every plan keeps (``solar plan
         #: --reads-in-flight``); the loader's pools get it on top of the residency budget
         self.read_ahead_bytes = checks.attr_int(a, "read_ahead_bytes", 0, 2**62) if "read_ahead_bytes" in a else 0
+        #: bytes of a run of neighbouring blocks the plan read together (:mod:`solar.layout.runs`); 0: none
+        self.neighbour_run_bytes = checks.attr_int(a, "neighbour_run_bytes", 1, 2**40) \
+            if "neighbour_run_bytes" in a else 0
         ints = {k: checks.attr_int(a, k) for k in ("n_samples", "n_blocks", "steps_per_epoch")}
         if header_digest(a, self.version) != texts["header_sha256"]:
             raise ScheduleError(f"{self.path}: header checksum mismatch: the file is damaged")
@@ -511,6 +514,8 @@ class Schedule:
     def _parts_of_chunks(self):
         """The chunks a plan on parts of chunks cut (None: whole chunks, or its layout cannot be read here)."""
         from ..errors import SolarError
+        if self.extent_runs:
+            return None
         try:
             ext = self.block_extent()
         except (SolarError, OSError):
@@ -519,10 +524,21 @@ class Schedule:
 
     def block_extent(self):
         """int64[n_blocks] or None: the chunk of each block when the plan is on parts of chunks
-        (:mod:`solar.layout.parts`; what the planner needs to plan more of the job), else None."""
+        (:mod:`solar.layout.parts`), the run of each block when it read runs of neighbours
+        (:attr:`neighbour_run_bytes`; :attr:`extent_runs`), else None: what the planner needs to plan more of
+        the job."""
         if not self.has_layout:
             return None
-        return getattr(self.layout(), "block_parent", None)
+        ext = getattr(self.layout(), "block_parent", None)
+        if ext is None and self.neighbour_run_bytes:
+            from ..layout.runs import neighbour_runs
+            ext = neighbour_runs(self.layout(), self.neighbour_run_bytes)
+        return ext
+
+    @property
+    def extent_runs(self) -> bool:
+        """Whether :meth:`block_extent` gives runs of neighbouring blocks (not chunks)."""
+        return bool(self.neighbour_run_bytes)
 
     def planned_file_stats(self):
         """``(size int64[F] bytes, mtime int64[F] ns)`` of each of :meth:`layout`'s files when planned."""

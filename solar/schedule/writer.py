@@ -44,6 +44,10 @@ class ScheduleWriter:
     keeps (``solar plan --reads-in-flight``): the root attribute ``read_ahead_bytes`` (absent: 0), which the
     loader adds to the residency budget for its pools' slots for reads in flight; not in ``header_sha256``
     (where reads land, not what is read).
+    ``demand.extent_runs``: planned with runs of neighbouring blocks (:mod:`solar.layout.runs`): the root
+    attribute ``neighbour_run_bytes`` (absent: none) is the run size, so that a loader planning the next windows
+    of an open-ended plan cuts the same runs; not in ``header_sha256`` (the epochs, checksummed, say what is
+    read; a loader whose replay of window 0 differs from them refuses the file).
     """
 
     def __init__(self, path: Optional[str], demand: Demand, cfg: PlanConfig, policy: str, steps_per_epoch: int,
@@ -103,6 +107,9 @@ class ScheduleWriter:
             put_text(a, "buffer_place", self.buffer_place)
         if self.read_ahead_bytes:
             a["read_ahead_bytes"] = np.int64(self.read_ahead_bytes)
+        if demand.extent_runs:  # planned with runs of neighbours: the loader cuts the same runs to plan on
+            from ..layout.runs import RUN_BYTES
+            a["neighbour_run_bytes"] = np.int64(RUN_BYTES)
         g = self.f.create_group("demand")
         _put(g, "sample_ptr", np.asarray(demand.sample_ptr, dtype="<i8"))
         _put(g, "sample_blocks", np.asarray(demand.sample_blocks, dtype=self.idt))

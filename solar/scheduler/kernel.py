@@ -65,6 +65,9 @@ class Job(NamedTuple):
     xu_ptr: np.ndarray  # int64[X+1]  units of extent x: xu_units[xu_ptr[x]:xu_ptr[x+1]]
     xu_units: np.ndarray  # int64[*]
     admit: bool  # keep the parts of an extent read at a step that are used again before what they would evict
+    run_horizon: int  # runs: a neighbour is kept only if its next use is within this many steps
+    runs: bool  # the extents are runs of neighbouring blocks (not chunks): a unit kept beside a read is read too
+    # (its ``stored`` paid; ``ext_stored`` is 0), in the same request as its neighbour
 
 
 class Epoch(NamedTuple):

@@ -127,6 +127,8 @@ def buffer_step(k, peer, job, ep, buf, out, sc):
     admit, nxt, ext_ptr, ext_ids, ext_stored, ext_stamp = job.admit, buf.nxt, job.ext_ptr, job.ext_ids, \
         job.ext_stored, buf.ext_stamp
     by_extent = ext_ptr.shape[0] > 0
+    runs = job.runs
+    chunks = admit and not runs  # parts of chunks: evicting a part may take its chunk's later parts along
     unit_blocks = count.shape[0] == 0  # every unit is one layout block
     track_due = mode == ROUTED and (peer or evict_kind == BELADY)  # next uses are booked in buf.due
     own_loads = not peer and mode != ROUTED  # the last loader owns a unit (SOLAR-2023 routes boundary samples to it)
@@ -234,7 +236,7 @@ def buffer_step(k, peer, job, ep, buf, out, sc):
                         return False
                     evict[n_out[N_EVICT]] = u
                 n_out[N_EVICT] += 1
-                if admit and key < step0 + S and not evict_chunk(u, key, q, s, step0 + S, track_due, record, job, keys,
+                if chunks and key < step0 + S and not evict_chunk(u, key, q, s, step0 + S, track_due, record, job, keys,
                                                                   prio, used, due, n_res, res_bytes, owner, evict,
                                                                   n_out, err):
                     return False
@@ -250,8 +252,8 @@ def buffer_step(k, peer, job, ep, buf, out, sc):
                         x = ext_ids[a]
                         if ext_stamp[x] != s * Q + q:
                             ext_stamp[x] = s * Q + q
-                            st[STORED, k, q] += ext_stored[x]
-                else:
+                            st[STORED, k, q] += ext_stored[x]  # 0 for runs of neighbours
+                if runs or not by_extent:
                     st[STORED, k, q] += stored[u]
                 if peer and res_bytes[q] + nbytes[u] > budget:  # no room left: read into staging only
                     st[STAGED, k, q] += nblk
@@ -376,6 +378,11 @@ def admit_parts(k, q, job, ep, buf, out, sc):
     use is later than its own.  ROUTED: it is booked in ``due`` like a use (skipped if q can serve no more
     units at that step).  A kept part is a recorded load (not a miss: nothing of it is demanded now), owned
     by q, at the priority of its next use.
+
+    Runs of neighbouring blocks (``job.runs``, :mod:`solar.layout.runs`): the extents are runs, a kept
+    neighbour is read for it (its ``stored`` counted in STORED; the reader's coalescing makes one request of
+    it and the read beside it), only one used within ``job.run_horizon`` steps, and no eviction takes a
+    chunk's other parts along (:func:`evict_chunk`).
     """
     s = ep.step0 + k
     Q = job.n_buf
@@ -399,6 +406,8 @@ def admit_parts(k, q, job, ep, buf, out, sc):
                 v = xu_units[c]
                 if stamp[v] == tag or owner[v] >= 0 or nxt[v] <= s or nxt[v] >= INF:
                     continue
+                if job.runs and nxt[v] - s > job.run_horizon:
+                    continue  # a neighbour used too late to earn its room
                 whole = True
                 for a2 in range(ext_ptr[v], ext_ptr[v + 1]):
                     if ext_stamp[ext_ids[a2]] != tag:
@@ -436,8 +445,9 @@ def admit_parts(k, q, job, ep, buf, out, sc):
             if not evict_entry(h, u, key, q, s, track_due, record, keys, due, n_res, res_bytes, nbytes, owner, evict,
                                n_out, err):
                 return False
-            if key < ep.step0 + S and not evict_chunk(u, key, q, s, ep.step0 + S, track_due, record, job, keys, prio,
-                                                      used, due, n_res, res_bytes, owner, evict, n_out, err):
+            if not job.runs and key < ep.step0 + S and not evict_chunk(u, key, q, s, ep.step0 + S, track_due, record,
+                                                                       job, keys, prio, used, due, n_res, res_bytes,
+                                                                       owner, evict, n_out, err):
                 return False
         for j in range(n_pinned):  # back before v goes in: the heap never holds more than before the step
             heap_push(hk, hb, hn, q, pinned_k[j], pinned_b[j])
@@ -447,6 +457,8 @@ def admit_parts(k, q, job, ep, buf, out, sc):
             return False
         res_bytes[q] += b
         owner[v] = q
+        if job.runs:  # a neighbour is read for it, in the same request
+            out.st[STORED, k, q] += job.stored[v]
         if track_due:
             due[nv % R, q] += 1
         if record:
