@@ -215,6 +215,8 @@ def test_loader_delivers_h5py_samples_with_neighbours(tmp_path, epochs):
                             assert np.array_equal(batch[k][i], v), (s, k)
             st_ = loader.stats()
             assert st_["plan_violations"] == 0
+            assert loader.reader.policy.max_gap == 0  # a neighbour not kept is not read as a gap
+            assert st_["bytes_read"] == st_["stored_bytes"]
             if epochs == 2:
                 pred = sched.rank(r).predicted()
                 assert st_["misses"] == pred["misses"] and st_["hits"] == pred["hits"]
