@@ -2,7 +2,7 @@
 # One prepared check of solar on a GPU machine with no network, in about 5 minutes on 16 cores.
 #
 #   benchmarks/gpu_check.sh OUTDIR [SECTION ...]      (sections: basics, cores, bench, conv, resident, nodes,
-#                                                          depth, gil, reads, sync, eqmem; default basics cores)
+#                                                          depth, gil, reads, sync, eqmem, neighbours; default basics cores)
 #
 # It generates the data, trains the examples on CUDA, runs `solar bench --device cuda` cold, and writes
 # into OUTDIR (what comes back from such a machine: 8 files at most, so few and named):
@@ -31,6 +31,8 @@
 #   sync     issue 25: the gzip file on R ranks, solar alone, node pool against a buffer per rank with --step-sync
 #            (the ranks wait for each other after every step, as in DDP), twice each (sync.json)
 #   eqmem    issue 25: nodes' contiguous run with every loader under --equal-memory alone (eqmem.json)
+#   neighbours issue 25: --neighbour-reads against each block on its own, one rank (conv) and R ranks, cold,
+#            twice each interleaved (neighbours.json)
 #   resident the all-resident `solar bench` pair alone (bench-resident)
 #   nodes    issue 25: SOLAR_GPU_RANKS (8) ranks on the node, cold, the node pool (the default) against a buffer
 #            per rank (--no-node-pool), on the contiguous file (with every baseline) and on a gzip one
@@ -378,6 +380,27 @@ except ValueError:
 json.dump(out, open(sys.argv[2], 'w'), indent=1)" "$WORK/eqmem.json" "$OUT/eqmem.json"
 }
 
+# issue 25, item 4: runs of neighbouring blocks read together (--neighbour-reads) against each block on its own, on
+# the contiguous file (64 KiB blocks), cold, f=0.5, solar alone, one rank with the conv net and R ranks on the node,
+# interleaved, twice each; neighbours.json (per epoch samples/s, storage bytes, and replay_gbps: the same reads
+# replayed as fast as the disk takes them, which says whether the disk is request-bound)
+neighbours() {
+    [ -n "$MPIEXEC" ] || return 0
+    local R=${SOLAR_GPU_RANKS:-8}
+    local one=("$MPIEXEC" --bind-to none -n 1 "${SOLAR[@]}" bench "$D" -b "$B" --epochs 3 --device "$DEVICE" --only solar
+               --cold --json --no-progress --model conv)
+    local many=("$MPIEXEC" --bind-to none -n "$R" "${SOLAR[@]}" bench "$D" --epochs 3 --buffer-fraction 0.5 --cold --json
+                --no-progress --only solar)
+    local r
+    for r in 1 2; do
+        STDOUT=$WORK/neighbours-one-off$r.json run neighbours-one-off$r 60 "${one[@]}"
+        STDOUT=$WORK/neighbours-one-on$r.json run neighbours-one-on$r 60 "${one[@]}" --neighbour-reads
+        STDOUT=$WORK/neighbours-many-off$r.json run neighbours-many-off$r 60 "${many[@]}"
+        STDOUT=$WORK/neighbours-many-on$r.json run neighbours-many-on$r 60 "${many[@]}" --neighbour-reads
+    done
+    merge "$OUT/neighbours.json" neighbours one-off1 one-on1 many-off1 many-on1 one-off2 one-on2 many-off2 many-on2
+}
+
 # the cold `solar bench --model conv` of section basics alone
 bench_conv() {
     [ -n "$MPIEXEC" ] || return 0
@@ -399,7 +422,8 @@ for s in $SECTIONS; do
         reads) reads ;;
         sync) sync ;;
         eqmem) eqmem ;;
-        *) say "unknown section $s (sections: basics cores bench conv resident nodes depth gil reads sync eqmem)" ;;
+        neighbours) neighbours ;;
+        *) say "unknown section $s (sections: basics cores bench conv resident nodes depth gil reads sync eqmem neighbours)" ;;
     esac
 done
 
