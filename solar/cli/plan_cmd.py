@@ -148,6 +148,9 @@ def run(args) -> int:
              peer_cost=cost, device_buffer=args.device_buffer, **kw)
     summary = s.summary()
     s.close()
+    if args.neighbours and not summary.get("neighbour_run_bytes"):
+        note = ((note + "; ") if note else "") + ("--neighbour-reads: no blocks of this layout lie back to back "
+                                                  "in runs of one block size; each block is read on its own")
     if L is None and found > 1 and note:  # what the node plan MPI would carry would read instead
         from ..layout.summary import human_bytes
         from ..schedule.make import predicted_storage

@@ -572,7 +572,7 @@ class Schedule:
                 "nodes": None if self.nodes is None else {"ranks_per_node": self.nodes.ranks_per_node,
                                                           "n_nodes": self.nodes.n_nodes, **self.peer_cost.to_dict()},
                 "n_samples": self.n_samples, "n_blocks": self.n_blocks, "steps_per_epoch": self.steps_per_epoch,
-                "parts_of_chunks": self._parts_of_chunks(),
+                "parts_of_chunks": self._parts_of_chunks(), "neighbour_run_bytes": self.neighbour_run_bytes,
                 "source_epochs": self.epoch_order.tolist(), "file_bytes": _file_size(self.path), **p,
                 "memory_per_rank": schedule_memory_summary(self)}
 

@@ -11,7 +11,9 @@ def format_schedule(s: dict) -> str:
     lines = [f"schedule {s['path']} (policy {s['policy']}, solar {s['solar_version']}{size})",
              f"  planned for: {s.get('source_abs') or s['source'] or 'a layout'}  fingerprint {s['fingerprint'][:16]}  "
              f"({s['n_samples']:,} samples, {s['n_blocks']:,} blocks"
-             + (f": parts of {s['parts_of_chunks']:,} chunks" if s.get("parts_of_chunks") else "") + ")",
+             + (f": parts of {s['parts_of_chunks']:,} chunks" if s.get("parts_of_chunks") else "")
+             + (f"; runs of neighbours read together, up to {human_bytes(s['neighbour_run_bytes'])}"
+                if s.get("neighbour_run_bytes") else "") + ")",
              f"  job: world size {c['world_size']}, local batch {c['local_batch']}, {_epochs_text(s)}, "
              f"buffer {human_bytes(c['buffer_bytes'])} per rank"
              f"{' in GPU memory' if s.get('buffer_place') == 'device' else ''}, seed {c['seed']}, "
@@ -19,6 +21,8 @@ def format_schedule(s: dict) -> str:
              _layout_line(s),
              *_resume_lines(s),
              *_node_lines(s),
+             *(["  (hit rate: a neighbour read beside a block is a hit where it is used; what is read is in the next "
+                "column)"] if s.get("neighbour_run_bytes") else []),
              "  epoch  sampler-epoch  hit rate  read from storage  local batch"
              + ("  sent between nodes" if s.get("nodes") else ""),
              ]

@@ -66,6 +66,7 @@ class Job(NamedTuple):
     xu_units: np.ndarray  # int64[*]
     admit: bool  # keep the parts of an extent read at a step that are used again before what they would evict
     run_horizon: int  # runs: a neighbour is kept only if its next use is within this many steps
+    admit_max: int  # runs: most units kept beside each unit a buffer reads at a step (recorded loads are sized by it)
     runs: bool  # the extents are runs of neighbouring blocks (not chunks): a unit kept beside a read is read too
     # (its ``stored`` paid; ``ext_stored`` is 0), in the same request as its neighbour
 

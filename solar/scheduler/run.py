@@ -391,13 +391,19 @@ class PlanRun:
         self.nxt = np.full(n_units if self.admit else 0, INF, dtype=np.int64)
         self.ext_stamp = np.full(ext[2].shape[0], -1, dtype=np.int64)
         self._max_xu = int(np.diff(ext[3]).max()) if self.admit else 0  # most units of one extent
+        admit_max = 0  # parts of chunks: no bound (a read keeps at most its chunk's other parts)
+        if self.admit and demand.extent_runs:  # a read keeps at most RUN_ADMIT of its run's neighbours
+            from ..layout.runs import RUN_ADMIT
+            admit_max = RUN_ADMIT
+            self._max_xu = min(self._max_xu, RUN_ADMIT + 1)
         # the job as the kernels see it: the peer kernel splits strided steps over P ranks, L per node
         L = self.nodes.ranks_per_node if pol.peer else 1
         self.job = Job(self.bounds, self.cap_lo, self.cap_hi, self.share, nb, stored_nb, unit_count,
                        self.peer_ok if pol.peer else np.zeros(0, dtype=np.bool_), int(self.P_eng),
                        int(P if pol.peer else self.P_eng), int(L), int(pol.mode), int(pol.evict), int(self.budget),
                        int(self.boundary_steps), int(self.max_blocks_sample), pol.next_use != "node", *ext,
-                       self.admit, self._run_horizon(demand, nb), bool(self.admit and demand.extent_runs))
+                       self.admit, self._run_horizon(demand, nb), admit_max,
+                       bool(self.admit and demand.extent_runs))
         self.planned = 0  # epoch positions planned so far
         self.first_step = 0  # step at which epoch position `planned` starts (> 0 only for position 0)
         self.window = deque()  # indices of epoch positions planned .. planned + lookahead + 1 (those known)

@@ -422,7 +422,11 @@ def admit_parts(k, q, job, ep, buf, out, sc):
     if n == 0:
         return True
     order = np.argsort(cand_nu[:n], kind="mergesort")
+    # runs: the recorded loads are sized for admit_max per read (parts: -1, no bound: it never reaches 0)
+    room = (sc.ld_start[q + 1] - sc.ld_start[q]) * job.admit_max if job.runs else -1
     for j in range(n):
+        if room == 0:
+            break
         v = cand[order[j]]
         nv = cand_nu[order[j]]
         if track_due and due[nv % R, q] >= cap_hi[(nv - ep.step0) % S] * bps:
@@ -457,6 +461,7 @@ def admit_parts(k, q, job, ep, buf, out, sc):
             return False
         res_bytes[q] += b
         owner[v] = q
+        room -= 1
         if job.runs:  # a neighbour is read for it, in the same request
             out.st[STORED, k, q] += job.stored[v]
         if track_due:

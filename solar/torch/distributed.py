@@ -98,19 +98,28 @@ def _mpi_rendezvous(t: Topology, timeout: timedelta):
 
     Without ``MASTER_PORT`` in a job that MPI launched, rank 0 listens on a port the operating system
     gives it (no guess that another process on the node may hold) and sends its address and port to the
-    other ranks over MPI; a port set by the user is always used as given."""
+    other ranks over MPI; a port set by the user is always used as given.  The address: ``MASTER_ADDR``,
+    else 127.0.0.1 when every rank runs on rank 0's host, else rank 0's host name.  Whatever fails on rank 0
+    (a name that does not resolve, nothing to listen on) is a SpecError on every rank, never a hang."""
     if "MASTER_PORT" in os.environ:
         return None
     comm = _mpi_world(t)
     if comm is None:
         return None
-    addr = os.environ.get("MASTER_ADDR") or socket.gethostname()
+    hosts = comm.allgather(socket.gethostname())
+    addr = os.environ.get("MASTER_ADDR") or ("127.0.0.1" if len(set(hosts)) == 1 else hosts[0])
     store, why = None, ""
     if comm.Get_rank() == 0:
         try:
-            store = dist.TCPStore(addr, 0, t.world_size, True, timeout=timeout, wait_for_workers=False)
-        except (RuntimeError, OSError) as exc:  # the address does not resolve, or nothing to listen on
-            why = f"rank 0 cannot listen at {addr!r} for torch.distributed ({exc}): set MASTER_ADDR"
+            socket.getaddrinfo(addr, None)
+        except OSError as exc:  # the master store would retry connecting to itself until the timeout
+            why = (f"rank 0's address {addr!r} for torch.distributed does not resolve ({exc}): set MASTER_ADDR "
+                   f"to an address every rank reaches rank 0 at")
+        if not why:
+            try:
+                store = dist.TCPStore(addr, 0, t.world_size, True, timeout=timeout, wait_for_workers=False)
+            except Exception as exc:  # noqa: BLE001 - any failure here must reach the other ranks, or they hang
+                why = f"rank 0 cannot listen at {addr!r} for torch.distributed ({exc}): set MASTER_ADDR"
     addr, port, why = comm.bcast((addr, store.port if store is not None else 0, why), root=0)
     if why:
         raise SpecError(why)
