@@ -104,8 +104,9 @@ def plan(data: Union[str, "Demand", object], *, world_size: int, local_batch: Op
 
     ``neighbours`` (default False): where blocks are stored back to back (contiguous datasets), a read block
     also brings its neighbours (:mod:`solar.layout.runs`) that the plan uses within ``0.75 f`` of an epoch, in
-    the same request: fewer, larger reads for the same bytes (1.5-5x fewer requests).  Off by default: on the
-    2-core VM it sped up a cold epoch 1.4x with 16 KiB blocks and slowed 32-64 KiB ones (docs/planner.md).  True with a policy
+    the same request: fewer, larger reads for the same bytes (1.5-5x fewer requests).  Off by default for now:
+    on the 2-core VM a cold epoch ran 1.5-2.1x faster with 16 KiB blocks, the same with 32-64 KiB
+    (docs/planner.md).  True with a policy
     that does not keep parts: a SpecError.
 
     ``ranks_per_node``: node-shared buffers (format version 6): ranks ``n*L .. n*L+L-1`` share node n's
