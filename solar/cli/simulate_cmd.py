@@ -68,6 +68,10 @@ def add_parser(sub):
                    help="plan whole chunks (default: where a chunk holds several samples' rows, the policies that "
                         "keep parts, as solar plan does, plan one sample's rows of a chunk as a unit, read with "
                         "its chunk; the table marks them *)")
+    p.add_argument("--neighbour-reads", dest="neighbours", action="store_true",
+                   help="as solar plan --neighbour-reads: where blocks of one size lie back to back, the policies that "
+                        "keep parts also keep the neighbours of a block they read that they use soon, read in the "
+                        "same request (the table marks them +)")
     p.add_argument("--policies", nargs="+", default=None, choices=list(ALL_POLICIES), metavar="POLICY",
                    help=f"policies to compare (default: {' '.join(POLICIES)}, and with --ranks-per-node above 1 "
                         f"solar-peer, what solar plan plans for such nodes, after solar; also: "
@@ -107,6 +111,12 @@ def run(args) -> int:
         demand = Demand.from_layout(layout)
         cut = split_chunks(layout) if args.parts else None
         parts = Demand.from_layout(cut) if cut is not None else None
+        if args.neighbours and parts is None:
+            runs = Demand.from_layout(layout, runs=True)
+            parts = runs if runs.extent_runs else None
+            if parts is None:
+                print("solar simulate: --neighbour-reads: no blocks of this layout lie back to back in runs of one "
+                      "block size; each block is read on its own", file=sys.stderr)
         source = args.spec
     else:
         if args.samples is None or args.sample_bytes is None:
@@ -138,7 +148,8 @@ def run(args) -> int:
         print(json.dumps({"source": source, "dataset_bytes": total, "world_size": P,
                           "local_batch": args.local_batch, "epochs": args.epochs, "epsilon": args.epsilon,
                           "group_blocks": args.group_blocks, "ranks_per_node": args.ranks_per_node,
-                          "parts": parts is not None,
+                          "parts": parts is not None and not parts.extent_runs,
+                          "neighbour_reads": parts is not None and parts.extent_runs,
                           **cost.to_dict(), "rows": rows}, indent=2))
     else:
         nodes = f", {P // args.ranks_per_node} nodes of {args.ranks_per_node} ranks" if args.ranks_per_node > 1 else ""

@@ -31,7 +31,9 @@ def simulate(demand: Demand, world_size: int, local_batch: int, epochs: int, buf
     Hit rates count a peer transfer as a hit (not a storage read); ``steady_peer_hit_rate`` is
     the part of ``steady_hit_rate`` that transfers serve, ``steady_node_hit_rate`` the rest.
     ``parts``: the same data as parts of chunks (:mod:`solar.layout.parts`), planned instead of ``demand`` for
-    the policies that keep parts (what ``solar plan`` does; ``"parts": true`` in their results).
+    the policies that keep parts (what ``solar plan`` does; ``"parts": true`` in their results); or, a Demand
+    with ``extent_runs``, with runs of neighbouring blocks (``solar plan --neighbour-reads``; ``"neighbours":
+    true``).
     """
     cfg = PlanConfig(world_size, local_batch, epochs, int(buffer_bytes), seed=seed, drop_last=drop_last,
                      epsilon=epsilon)
@@ -57,7 +59,8 @@ def simulate(demand: Demand, world_size: int, local_batch: int, epochs: int, buf
             "storage_imbalance": float(rank.max() / rank.mean()) if rank.size > 1 and rank.mean() > 0 else 1.0,
             "epoch_order": r.epoch_order,
             "buffers": "one" if pol.single_buffer else ("node" if pol.node_pools else "rank"),
-            "parts": on_parts,
+            "parts": on_parts and not parts.extent_runs,
+            "neighbours": on_parts and parts.extent_runs,
             "steady_node_hit_rate": r.steady_node_hit_rate,
             "steady_peer_hit_rate": r.steady_peer_hit_rate,
             "peer_hit_rate_per_epoch": r.peer_hit_rate_per_epoch,
@@ -86,7 +89,8 @@ def _pooled(message: str, world_size: int, per_rank: int) -> str:
 def format_table(rows: List[dict]) -> str:
     """Rows: {fraction, buffer_per_rank, results: {policy: dict}}.  ``peer hit``: part of the steady hit
     rate served by transfers from other nodes; ``I/O max/mean``: storage bytes of the busiest buffer
-    (rank, or node for node pools) over the mean; a policy marked ``*`` planned parts of chunks."""
+    (rank, or node for node pools) over the mean; a policy marked ``*`` planned parts of chunks, ``+`` runs of
+    neighbouring blocks read together."""
     from ..layout.summary import human_bytes
     lines = []
     for row in rows:
@@ -106,11 +110,18 @@ def format_table(rows: List[dict]) -> str:
             per = " ".join(f"{h:.3f}" for h in r["hit_rate_per_epoch"])
             pb = r.get("peer_bytes_per_epoch") or [0]
             peer = np.mean(pb[1:]) if len(pb) > 1 else pb[0]
-            label = name + ("*" if r.get("parts") else "")
+            label = name + ("*" if r.get("parts") else "") + ("+" if r.get("neighbours") else "")
             lines.append(f"  {label:<11} {r['steady_hit_rate']:>10.4f} {rel:>8} {human_bytes(st[0]):>10} "
                          f"{human_bytes(steady):>21} "
                          f"{r.get('steady_peer_hit_rate', 0.0):>8.4f} {human_bytes(peer):>10} {lb:>12} "
                          f"{r['storage_imbalance']:>12.2f}  {per}")
+    marks = {m for row in rows for r in row["results"].values() for m, k in (("*", "parts"), ("+", "neighbours"))
+             if r.get(k)}
+    if marks:
+        notes = (("*", "* planned on parts of chunks"),
+                 ("+", "+ read runs of neighbouring blocks together (a neighbour read beside a block is a hit where "
+                       "it is used: compare the storage columns)"))
+        lines.append("  " + "; ".join(text for m, text in notes if m in marks))
     return "\n".join(lines)
 
 
