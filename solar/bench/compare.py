@@ -468,7 +468,7 @@ def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fra
     ``reader_options``: passed to solar's reader (e.g. ``{"direct_io": True}``).
     ``reads_in_flight``: :func:`solar.plan`'s (batches of the budget held for reads in flight; default 1).
     ``parts``: :func:`solar.plan`'s (None: plan parts of chunks where the policy keeps them; False: whole chunks).
-    ``neighbours``: :func:`solar.plan`'s (None: read runs of neighbouring blocks where the policy keeps them).
+    ``neighbours``: :func:`solar.plan`'s (None or False: each block read on its own; True: runs of neighbours).
     ``step_sync``: solar's ranks wait for each other after every step, as DDP training does (solar alone:
     ``loaders=("solar",)``; a baseline's epoch may stop at its time limit on each rank apart).
     ``ranks_per_node``/``policy``/``peer_cost``: solar runs a node plan (:func:`solar.plan`'s arguments;

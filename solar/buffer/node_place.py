@@ -361,7 +361,7 @@ class NodePlace:
         slot = self.load_slot[:lp[self.start]][::-1][last[np.searchsorted(loaded, blocks)]]
         self.slot_of[blocks] = slot
         self.resident_bytes = self.peak_resident_bytes = int(self.block_nbytes[blocks].sum())
-        owner = self._per_chunk(blocks, self.owners(blocks, self.block_stored[blocks], [], self.L))
+        owner = self._read_together(blocks, self.owners(blocks, self.block_stored[blocks], [], self.L))
         self.loaded_by[blocks], self.loaded_at[blocks] = owner, self.start  # in once SHARED >= start
         part = owner == self.local
         views = [self._view(int(self.class_of[b]), int(s), int(b)) for b, s in zip(blocks[part].tolist(),
@@ -583,7 +583,7 @@ class NodePlace:
         rb = r_blocks[order]
         # who reads what (the read split), the same on every rank of the node: it needs every local rank's blocks
         needs = [need if j == self.local else self._needs(j, g) for j in range(self.L)]
-        owner = self._per_chunk(rb, self.owners(rb, self.block_stored[rb], needs, self.L), needs)
+        owner = self._read_together(rb, self.owners(rb, self.block_stored[rb], needs, self.L), needs)
         self.loaded_by[rb], self.loaded_at[rb] = owner, g
         # what this rank's samples wait for: blocks other local ranks read at g (their SHARED >= g) or before
         # (their READ >= that step); blocks read by no rank yet (-1: received, or read outside) wait for none
@@ -610,8 +610,8 @@ class NodePlace:
             mark[theirs] = False
         else:
             used = np.zeros(mine.shape[0], bool)
-        if self.extent is not None and used.any() and not used.all():  # a chunk's parts in one request
-            ext = self.extent[r_blocks[mine]]
+        if self.together is not None and used.any() and not used.all():  # a chunk's parts (a run) in one request
+            ext = self.together[r_blocks[mine]]
             used = np.isin(ext, ext[used])
         t0 = time.perf_counter()
         futs = []
@@ -630,7 +630,7 @@ class NodePlace:
         # (no fut: a node place's readiness is its counters, ready(); the reads wake the manager through wakes)
         return Booked(g, samples, blocks, st, None, t0, recvs=recvs, wakes=tuple(f for f in futs if f is not None))
 
-    def _per_chunk(self, blocks: np.ndarray, owner: np.ndarray, needs=()) -> np.ndarray:
+    def _read_together(self, blocks: np.ndarray, owner: np.ndarray, needs=()) -> np.ndarray:
         """``owner`` (the read split's reader of each of ``blocks``, ascending), with the parts of one chunk (a
         plan on parts of chunks) all read by the reader of the first of them: one read of the chunk; likewise
         the blocks of one run of neighbours (a plan that reads them, :mod:`solar.layout.runs`): one request,

@@ -148,9 +148,6 @@ def run(args) -> int:
              peer_cost=cost, device_buffer=args.device_buffer, **kw)
     summary = s.summary()
     s.close()
-    if args.neighbours and not summary.get("neighbour_run_bytes"):
-        note = ((note + "; ") if note else "") + ("--neighbour-reads: no blocks of this layout lie back to back "
-                                                  "in runs of one block size; each block is read on its own")
     if L is None and found > 1 and note:  # what the node plan MPI would carry would read instead
         from ..layout.summary import human_bytes
         from ..schedule.make import predicted_storage
@@ -159,6 +156,9 @@ def run(args) -> int:
             note += (f"; predicted storage reads over the planned epochs: "
                      f"{human_bytes(sum(summary['storage_bytes']))} with a buffer per rank, {human_bytes(theirs)} "
                      f"as a node plan")
+    if args.neighbours and not summary.get("neighbour_run_bytes"):
+        note = ((note + "; ") if note else "") + ("--neighbour-reads: no blocks of this layout lie back to back "
+                                                  "in runs of one block size; each block is read on its own")
     if note:
         print(f"solar plan: {note}", file=sys.stderr)
     print(json.dumps(summary, indent=2) if args.json else format_schedule(summary))

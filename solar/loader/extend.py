@@ -78,8 +78,8 @@ class WindowPlanner:
         run = PlanRun(demand, s.config, s.policy, record=False, open_ended=True, nodes=s.nodes, cost=s.peer_cost)
         res = run.advance(self.K)
         want = s.predicted()
-        if res.hit_bytes != want["hit_bytes"] or res.miss_bytes != want["miss_bytes"] or (
-                s.nodes is not None and res.peer_bytes != want["peer_bytes"]):
+        if res.hit_bytes != want["hit_bytes"] or res.miss_bytes != want["miss_bytes"] or \
+                res.stored_bytes != want["storage_bytes"] or (s.nodes is not None and res.peer_bytes != want["peer_bytes"]):
             raise ScheduleError(f"{s.path}: planning the file's first window again does not give the file's plan "
                                 f"(solar {s.solar_version} wrote it); re-run solar plan")
         run.record = True  # the next windows' load/evict lists are needed

@@ -106,8 +106,7 @@ def plan(data: Union[str, "Demand", object], *, world_size: int, local_batch: Op
     also brings its neighbours (:mod:`solar.layout.runs`) that the plan uses within ``0.75 f`` of an epoch, in
     the same request: fewer, larger reads for the same bytes (1.5-5x fewer requests).  Off by default for now:
     on the 2-core VM a cold epoch ran 1.5-2.1x faster with 16 KiB blocks, the same with 32-64 KiB
-    (docs/planner.md).  True with a policy
-    that does not keep parts: a SpecError.
+    (docs/planner.md).  True with a policy that does not keep parts: a SpecError.
 
     ``ranks_per_node``: node-shared buffers (format version 6): ranks ``n*L .. n*L+L-1`` share node n's
     buffer of L x the per-rank budget, planned with a node-pool policy (default ``"solar-peer"``: solar
@@ -245,7 +244,7 @@ def _plan_resumed(data, state, *, world_size: int, local_batch, epochs, buffer_p
     data, demand, source = _inputs(data, out, progress, split, fields, _parts(parts, pol0),
                                    _parts(False if neighbours is None else neighbours, pol0, "neighbours"))
     if demand.fingerprint != old["fingerprint"] and not isinstance(data, Demand):
-        data, demand = _as_planned(data, demand, old, parts, policy)
+        data, demand = _as_planned(data, demand, old, parts, policy, bool(neighbours))
     job = elastic.resume_job(state, demand.n_samples, demand.fingerprint, world_size=world_size,
                              local_batch=local_batch, epochs=epochs, seed=seed, drop_last=drop_last,
                              epsilon=epsilon, policy=policy)
@@ -298,7 +297,7 @@ def _out_path(out) -> Optional[str]:
     return os.fspath(out)
 
 
-def _as_planned(layout, demand, old: dict, parts, policy):
+def _as_planned(layout, demand, old: dict, parts, policy, neighbours: bool = False):
     """``(layout, demand)`` of a resumed job whose checkpointed plan cut chunks into parts differently: the
     whole chunks when it planned them (planned before parts, or with ``parts=False``), the parts when it
     planned parts.  Where the old plan had parts, a plan on whole chunks cannot take its state: a SpecError
@@ -307,7 +306,7 @@ def _as_planned(layout, demand, old: dict, parts, policy):
     if is_parts(layout):
         whole = chunks_of(layout)
         if whole.fingerprint == old["fingerprint"]:
-            return whole, Demand.from_layout(whole)
+            return whole, Demand.from_layout(whole, runs=neighbours)
         return layout, demand
     cut = split_chunks(layout)
     if cut is not None and cut.fingerprint == old["fingerprint"]:

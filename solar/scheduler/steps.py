@@ -453,8 +453,8 @@ def admit_parts(k, q, job, ep, buf, out, sc):
                                                                        job, keys, prio, used, due, n_res, res_bytes,
                                                                        owner, evict, n_out, err):
                 return False
-        for j in range(n_pinned):  # back before v goes in: the heap never holds more than before the step
-            heap_push(hk, hb, hn, q, pinned_k[j], pinned_b[j])
+        for i in range(n_pinned):  # back before v goes in: the heap never holds more than before the step
+            heap_push(hk, hb, hn, q, pinned_k[i], pinned_b[i])
         if res_bytes[q] + b > budget:
             continue
         if insert_entry(q * U + v, nv, s, keys, prio, used, n_res, err) < 0:

@@ -49,8 +49,8 @@ def init_distributed(backend: Optional[str] = None, timeout_s: float = 1800.0) -
     """Initialise ``torch.distributed`` from the launcher's variables (torchrun, MPI, SLURM;
     :func:`solar.topology.detect`): rank 0 listens at ``MASTER_ADDR:MASTER_PORT`` when the port is set.
     Without ``MASTER_PORT``, in a job that MPI launched (mpiexec, ``srun --mpi=...``; mpi4py installed),
-    rank 0 listens on a free port of its host (``MASTER_ADDR`` if set, else its host name) and sends it
-    to the others over MPI; otherwise at the first host of SLURM's node list (or localhost) on a port
+    rank 0 listens on a free port (at ``MASTER_ADDR`` if set, else 127.0.0.1 when all ranks share its host,
+    else its host name) and sends it to the others over MPI; otherwise at the first host of SLURM's node list (or localhost) on a port
     derived from the SLURM job id (29500 outside SLURM).
 
     ``backend``: default gloo without CUDA; with CUDA (and for ``"nccl"``) one group with NCCL for
@@ -106,7 +106,10 @@ def _mpi_rendezvous(t: Topology, timeout: timedelta):
     comm = _mpi_world(t)
     if comm is None:
         return None
-    hosts = comm.allgather(socket.gethostname())
+    hosts = comm.allgather((socket.gethostname(), t.rank))
+    if any(r != i for i, (_, r) in enumerate(hosts)):  # the launcher's ranks are not MPI's: rank 0 is unknown
+        return None
+    hosts = [h for h, _ in hosts]
     addr = os.environ.get("MASTER_ADDR") or ("127.0.0.1" if len(set(hosts)) == 1 else hosts[0])
     store, why = None, ""
     if comm.Get_rank() == 0:
