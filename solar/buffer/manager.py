@@ -32,7 +32,8 @@ import numpy as np
 
 from ..errors import SolarError
 from ..memory import DEFAULT_IO_DEPTH, DEFAULT_PREFETCH
-from .rank_place import RankPlace, rank_memory  # noqa: F401 - rank_memory: imported from here
+from ..threads import start_threads
+from .rank_place import RankPlace, rank_memory, steps_in_flight  # noqa: F401 - rank_memory: imported from here
 from .steps import Booked, BufferError, BufferTotals, Closed, StepBlocks, StepStats  # noqa: F401 - likewise
 
 POLL_MIN_S, POLL_MAX_S = 50e-6, 2e-3  # the backoff of a place that polls (node pools: counters of other ranks)
@@ -68,9 +69,16 @@ class BufferManager:
                  keep_step_stats: int = KEEP_STEP_STATS, verify: bool = True, fence: Optional[int] = None,
                  io_depth: int = DEFAULT_IO_DEPTH, batch_bytes: int = 0, place=None):
         self.verify = verify
-        self._begin(RankPlace(rank_plan, demand, reader, budget=budget, prefetch=prefetch, start=start, stop=stop,
+        # before the place: its pools are faulted in from then on, which holds thread starts up
+        self._start_threads(reader, steps_in_flight(reader, io_depth), f"solar-io-r{rank_plan.rank}")
+        try:
+            place = RankPlace(rank_plan, demand, reader, budget=budget, prefetch=prefetch, start=start, stop=stop,
                               keep_step_stats=keep_step_stats, io_depth=io_depth, batch_bytes=batch_bytes,
-                              device=place), assemble, keep_step_stats, fence)
+                              device=place)
+        except BaseException:
+            self._stop_io()
+            raise
+        self._begin(place, assemble, keep_step_stats, fence)
         self._start()
 
     def _begin(self, place, assemble, keep_step_stats: int, fence: Optional[int]):
@@ -94,6 +102,26 @@ class BufferManager:
         self._error: Optional[BaseException] = None
         self._closed = False
         self._booked: Deque[Booked] = deque()  # steps booked, not yet assembled (oldest first)
+
+    def _start_threads(self, reader, io_depth: int, name: str):
+        """Start the threads the first step uses (the reader's workers, ``io_depth`` of the I/O pool) now, not one
+        at a time in the middle of that step (:mod:`solar.threads`).  A failure is kept for the prefetch thread,
+        which raises it as any other (to the consumer; a node's other ranks are told)."""
+        from concurrent.futures import ThreadPoolExecutor
+        self._io, self._start_error = None, None
+        try:
+            start = getattr(reader, "start", None)  # a BlockReader's; test doubles may have none
+            if start is not None:
+                start()
+            self._io = ThreadPoolExecutor(io_depth, thread_name_prefix=name)
+            start_threads(self._io, io_depth)
+        except Exception as exc:  # noqa: BLE001 - see above
+            self._start_error = exc
+
+    def _stop_io(self):
+        if self._io is not None:
+            self._io.shutdown(wait=True)
+            self._io = None
 
     def _start(self):
         self._thread = threading.Thread(target=self._run, name=f"solar-{self.place.kind}prefetch-r{self.place.rank}",
@@ -172,10 +200,10 @@ class BufferManager:
             and not self._fenced(g)
 
     def _run(self):
-        from concurrent.futures import ThreadPoolExecutor
-        P = self.place
-        io = ThreadPoolExecutor(self.io_depth, thread_name_prefix=f"solar-{P.kind}io-r{P.rank}")
+        P, io = self.place, self._io
         try:
+            if self._start_error is not None:
+                raise self._start_error
             if self.start > 0:
                 P.warm_up()
             self._loop(io)
@@ -191,7 +219,7 @@ class BufferManager:
                 self._error = err
                 self._cv.notify_all()
         finally:
-            io.shutdown(wait=True)
+            self._stop_io()
 
     def _loop(self, io):
         """Step g goes through booking (its evictions, its slots, its reads submitted: up to ``io_depth`` steps

@@ -46,14 +46,21 @@ class NodeBufferManager(BufferManager):
                  fence: Optional[int] = None, timeout: Optional[float] = None):
         from ..mpi import agree
         err = None
+        self._start_threads(reader, io_depth, f"solar-node-io-r{rank}")
         try:
             place = NodePlace(node_plan, rank, demand, reader, comm, budget, prefetch, start, stop, io_depth,
                               batch_bytes, read_split, keep_step_stats, timeout)
             self._begin(place, assemble, keep_step_stats, fence)
         except Exception as exc:  # noqa: BLE001 - raised on every rank by agree
             err = exc
+        if err is not None:
+            self._stop_io()
         agree(comm, err)  # before any collective: a rank that failed here must not leave the others waiting
-        place.connect()
+        try:
+            place.connect()
+        except BaseException:
+            self._stop_io()
+            raise
         self.pools = place.pools
         self._start()
 

@@ -29,7 +29,7 @@ def pool_memory(nbytes: int, fault_in: bool = True) -> np.ndarray:
 
 MADV_POPULATE_WRITE = 23  # Linux >= 5.14: fault pages in writable without touching their bytes
 #: Bytes a background populator faults in per call (:class:`Populator`).
-POPULATE_CHUNK = 32 << 20
+POPULATE_CHUNK = 4 << 20
 _CAN_POPULATE = None
 
 

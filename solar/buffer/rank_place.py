@@ -50,8 +50,7 @@ class RankPlace:
         if not 0 <= self.start <= self.stop <= G:
             raise BufferError(f"steps [{start}, {stop}) outside the schedule's [0, {G})")
         self.budget = int(budget)
-        # steps whose reads may be in flight at once (collective readers: one call per step, in order)
-        self.io_depth = 1 if getattr(reader, "collective", False) else max(1, int(io_depth))
+        self.io_depth = steps_in_flight(reader, io_depth)
         self.memory, slots, self.class_of, class_bytes = rank_memory(
             rank_plan, demand, budget=self.budget, batch_bytes=batch_bytes, prefetch=self.prefetch,
             io_depth=self.io_depth)
@@ -224,6 +223,12 @@ class RankPlace:
     def _commit(self, pending) -> None:
         if pending:
             self.pools.commit(pending)
+
+
+def steps_in_flight(reader, io_depth: int) -> int:
+    """Steps whose reads may be in flight at once: ``io_depth``, one for a collective reader (one call per step,
+    in order)."""
+    return 1 if getattr(reader, "collective", False) else max(1, int(io_depth))
 
 
 def _parts_of(blocks: np.ndarray, nbytes: np.ndarray, limit: int) -> list:

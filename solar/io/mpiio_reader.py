@@ -39,6 +39,7 @@ from typing import ClassVar
 import numpy as np
 
 from ..errors import DecodeError, SpecError
+from ..threads import start_threads
 from .block_plan import (
     deliver,
     direct_mask,
@@ -163,6 +164,10 @@ class MpiioReader(BlockReader):
                 continue
             got += n
         return got
+
+    def start(self) -> None:
+        if self.threads > 1 and not self._closed:  # the workers that decode and deliver the ranges read
+            start_threads(self._pool, self.threads)
 
     def close(self) -> None:
         """Collective over ``comm``: closes every file."""

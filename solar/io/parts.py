@@ -112,6 +112,9 @@ class PartReader(BlockReader):
             raise AttributeError(name)
         return getattr(self.inner, name)
 
+    def start(self) -> None:
+        self.inner.start()
+
     def close(self) -> None:
         if not self._closed:
             self._closed = True

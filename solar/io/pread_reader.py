@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import errno
 import itertools
+import mmap
 import os
 import threading
 import time
@@ -61,6 +62,7 @@ from typing import ClassVar, NamedTuple
 import numpy as np
 
 from ..errors import DecodeError, SpecError
+from ..threads import start_threads
 from .block_plan import (
     chunk_where,
     deliver,
@@ -342,6 +344,23 @@ class PreadReader(BlockReader):
         self._decompressors: list = []  # (pid, address) of each thread's libdeflate decompressor
 
     # ------------------------------------------------------------ resources
+    def _workers(self) -> ThreadPoolExecutor:
+        """The worker pool (made on first use)."""
+        with self._pool_lock:  # the buffer calls read_blocks from several I/O threads: one pool
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="solar-pread")
+            return self._pool
+
+    def start(self) -> None:
+        """Start the ``threads`` workers now, each with its ``O_DIRECT`` bounce buffer mapped and faulted in."""
+        self._fork_check()
+        if self.threads > 1:
+            start_threads(self._workers(), self.threads, self._thread_setup)
+
+    def _thread_setup(self) -> None:
+        if self.direct:
+            np.frombuffer(self._bounce(1), np.uint8)[::mmap.PAGESIZE] = 0  # its pages faulted in now
+
     def _fork_check(self):
         """After a fork, the pool's threads do not exist in the child: start afresh, with this process's
         own per-thread buffers (the parent may go on reading into its own) and a lock no thread holds."""
@@ -444,10 +463,7 @@ class PreadReader(BlockReader):
         if self.threads == 1 or n_jobs == 1:
             self._work(plan, jobs, n_jobs, blocks, out, counter, failed)
         else:
-            with self._pool_lock:  # the buffer calls read_blocks from several I/O threads: one pool
-                if self._pool is None:
-                    self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="solar-pread")
-            futs = [self._pool.submit(self._work, plan, jobs, n_jobs, blocks, out, counter, failed)
+            futs = [self._workers().submit(self._work, plan, jobs, n_jobs, blocks, out, counter, failed)
                     for _ in range(min(self.threads, n_jobs))]
             wait(futs)  # every worker has finished writing into `out` before we return or raise
         if failed:

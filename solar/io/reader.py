@@ -141,6 +141,11 @@ class BlockReader(abc.ABC):
         to stay within ``max_open``, and that bound (see :mod:`solar.io.fdcache`)."""
         return {"opens": 0, "evictions": 0, "max_open": 0}
 
+    def start(self) -> None:
+        """Start the reader's threads now (a buffer calls it before its first step; otherwise the first read
+        starts them, one at a time, in the middle of that step: :mod:`solar.threads`).  Nothing to do for a
+        reader without threads; may be called again."""
+
     def close(self) -> None:
         """Release files and threads (collective for readers that opened files collectively)."""
         self._closed = True

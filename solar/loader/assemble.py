@@ -104,6 +104,13 @@ class BatchAssembler:
             self._pool = ThreadPoolExecutor(self.cpus - 1, thread_name_prefix="solar-assemble")
         return self._pool
 
+    def start(self) -> None:
+        """Start the assembly threads now (else the first batch starts them, :mod:`solar.threads`)."""
+        pool = self._workers() if self.gather else None
+        if pool is not None:
+            from ..threads import start_threads
+            start_threads(pool, self.cpus - 1)
+
     def close(self) -> None:
         """End the assembly threads (a closed assembler makes them again if called)."""
         pool, self._pool = self._pool, None

@@ -285,6 +285,11 @@ class SolarLoader:
             plan = self.windows.rank_plan(w)
             self.windows.prepare(w + 1)
         fence = self.S if self.epoch_fence else None
+        if self.buffer_device is None:  # its threads started before the buffer's (solar.threads)
+            try:
+                self.assembler.start()
+            except RuntimeError:  # no thread could start: the first batch tries again and fails as any step would
+                pass
         if self.nodes is not None:  # collective over comm: every rank starts its buffer at the same step
             from ..buffer.node_manager import NodeBufferManager
             self.buffer = NodeBufferManager(plan, self.rank, self.demand, self.reader, self._assemble, comm=self.comm,
