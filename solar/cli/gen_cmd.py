@@ -63,6 +63,10 @@ def run(args) -> int:
         raise SpecError(f"{args.outdir} is not empty ({len(there)} entries): give an empty or new folder, or "
                         f"--overwrite to replace its files of the same names")
     storage = None
+    if args.chunk_samples is not None and args.storage in ("contiguous", "chunked"):
+        fixed = "no chunks" if args.storage == "contiguous" else "one sample a chunk"
+        raise SpecError(f"--chunk-samples {args.chunk_samples} does not apply to --storage {args.storage} ({fixed}); "
+                        f"use --storage multi, gzip or lzf for chunks of several samples")
     if args.storage or args.chunk_samples is not None or args.fletcher32:
         storage = Storage.preset(args.storage or ("multi" if args.chunk_samples else "chunked"),
                                  chunk_samples=args.chunk_samples, fletcher32=args.fletcher32)

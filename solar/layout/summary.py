@@ -87,11 +87,11 @@ def format_summary(s: dict) -> str:
     for d in s["datasets"]:
         chunks = "contiguous" if d["chunks"] is None else "chunks " + "x".join(map(str, d["chunks"]))
         filt = "+".join(d["filters"]) or "no filters"
-        ratio = d["nbytes"] / max(1, d["stored_nbytes"])
+        ratio = f"x{d['nbytes'] / d['stored_nbytes']:.2f} compression" if d["stored_nbytes"] else "nothing written"
         shape = str(tuple(d["shape"])) if d["shape"] is not None else "(varies)"
         count = f" x{d['count']}" if d["count"] > 1 else ""
         line = (f"  {d['name']:<{w}}  {shape:<22} {d['dtype']:<8} {chunks:<24} {filt:<18}"
-                f" {hb(d['stored_nbytes']):>10} stored (x{ratio:.2f} compression){count}")
+                f" {hb(d['stored_nbytes']):>10} stored ({ratio}){count}")
         if d.get("stored_in"):
             more = f" and {len(d['stored_in']) - 3} more" if len(d["stored_in"]) > 3 else ""
             line += f"  [stored in {', '.join(d['stored_in'][:3])}{more}]"

@@ -11,7 +11,7 @@ from ..memory import (DEFAULT_IO_DEPTH, bookkeeping_bytes, check_reads_in_flight
 from ..scheduler.config import (MAX_BYTES, PlanConfig, check_count, check_drop_last, check_epochs,
                                 check_epsilon, check_fraction, parse_bytes)
 from ..scheduler.policies import get_policy
-from ..scheduler.run import Demand, PlanRun
+from ..scheduler.run import BufferTooSmall, Demand, PlanRun
 from ..scheduler.sampler import steps_per_epoch
 from ..scheduler.simulate import dataset_bytes
 from .output import check_folder, check_target
@@ -164,7 +164,14 @@ def plan(data: Union[str, "Demand", object], *, world_size: int, local_batch: Op
     w = ScheduleWriter(out, demand, cfg, pol.name, S, source=source, layout=None if data is demand else data,
                        window=window, nodes=nodes, buffer_place="host" if device_buffer is None else "device",
                        read_ahead_bytes=ahead)
-    return _write(w, out, lambda: run.advance(cfg.epochs, on_epoch=w.add_epoch, progress=progress))
+    try:
+        return _write(w, out, lambda: run.advance(cfg.epochs, on_epoch=w.add_epoch, progress=progress))
+    except BufferTooSmall as exc:  # its figure is the residency: say what the rest of the rank's budget holds
+        from ..layout.summary import human_bytes as hb
+        held = f"{hb(budget - resident)} of the {hb(budget)} per rank is held for batches in flight and bookkeeping"
+        if ahead:
+            held += f", {hb(ahead)} of it for reads_in_flight={reads} (--reads-in-flight {reads}; 1 holds less)"
+        raise BufferTooSmall(f"{exc} ({held})") from None
 
 
 def predicted_storage(data, **kw) -> Optional[int]:

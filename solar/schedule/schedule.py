@@ -220,7 +220,7 @@ class Schedule:
                 f"fingerprint {self.fingerprint[:12]}, the data now has {fingerprint[:12]}); re-run solar plan")
         if world_size is not None and int(world_size) != self.world_size:
             raise ScheduleError(f"{self.path}: schedule was planned for world size {self.world_size}, "
-                                f"the job has {world_size} ranks")
+                                f"the job has {world_size} rank{'' if int(world_size) == 1 else 's'}")
 
     def close(self):
         self._f.close()

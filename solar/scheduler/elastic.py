@@ -168,7 +168,8 @@ def state_mismatch(state: dict, mine: dict) -> str:
                         f"STATE -P {ours['world_size']} ...)")
     for k in IDENTITY_KEYS:
         if state.get(k) != mine[k]:
-            return f"state was saved with another schedule ({k}: {state.get(k)!r} != {mine[k]!r})"
+            return (f"state was saved with another schedule ({k}: {state.get(k)!r} != {mine[k]!r}); to go on from it "
+                    f"with this plan's options, plan the resume from it (solar plan SPEC --resume-from STATE ...)")
     return ""
 
 
