@@ -104,7 +104,7 @@ run() {
 # drop the data files' pages from the page cache (posix_fadvise DONTNEED): the data is read cold, the libraries
 # are not (dropping the whole cache would time torch and CUDA's libraries paging back in, in the first steps)
 drop_cache() {
-    sync
+    command sync  # the coreutils command, not this script's section of that name
     "$PY" -c "import os,sys
 for p in sys.argv[1:]:
     fd = os.open(p, os.O_RDONLY); os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED); os.close(fd)" "$@"
@@ -348,7 +348,7 @@ reads() {
 
 # issue 25: the gzip file on R ranks, solar alone, the node pool against a buffer per rank with the ranks waiting for
 # each other after every step (--step-sync, as DDP training does), twice each interleaved; sync.json
-sync() {
+section_sync() {  # not sync(): that would shadow the command drop_cache runs
     [ -n "$MPIEXEC" ] || return 0
     local R=${SOLAR_GPU_RANKS:-8} G=$WORK/ptycho-gzip
     [ -f "$G/ptychonn.h5" ] || run gen-gzip 120 "${SOLAR[@]}" gen ptychonn "$G" --samples $(( N / 2 )) --size "$SIZE" \
@@ -420,7 +420,7 @@ for s in $SECTIONS; do
         nodes) nodes ;;
         gil) gil ;;
         reads) reads ;;
-        sync) sync ;;
+        sync) section_sync ;;
         eqmem) eqmem ;;
         neighbours) neighbours ;;
         *) say "unknown section $s (sections: basics cores bench conv resident nodes depth gil reads sync eqmem neighbours)" ;;

@@ -119,6 +119,9 @@ def train(accelerator, args) -> None:
     if args.resume and not os.path.isdir(args.checkpoint):
         trainer.fail(f"--resume: no checkpoint folder {args.checkpoint}")
     args.data = ds.loader.schedule.source
+    if not args.data:  # planned from a Layout object: the per-pixel statistics need the data's path
+        trainer.fail(f"{args.plan} records no dataset path (it was planned from a layout object); plan it "
+                     "from the data's path: solar plan DATA -P RANKS -b BATCH --epochs E -o PLAN")
     task = Ptycho()
     task.configure(args)
     trainer.quiet_grad_strides()

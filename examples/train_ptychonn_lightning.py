@@ -48,6 +48,9 @@ def main(argv=None) -> int:
     # the GPU is then asynchronous)
     ds = SolarDataset(args.plan, pin_memory=torch.cuda.is_available())
     args.data = ds.loader.schedule.source
+    if not args.data:  # planned from a Layout object: the per-pixel statistics need the data's path
+        trainer.fail(f"{args.plan} records no dataset path (it was planned from a layout object); plan it "
+                     "from the data's path: solar plan DATA -P RANKS -b BATCH --epochs E -o PLAN")
     task = Ptycho()
     task.configure(args)
     trainer.quiet_grad_strides()

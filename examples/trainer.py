@@ -492,7 +492,9 @@ def ensure_plan(args, g: Group) -> str:
         if reason:
             t = time.perf_counter()
             print(f"planning {path} ({reason}) ...", flush=True)
-            with solar.plan(layout, world_size=g.size, local_batch=args.local_batch or 32,
+            # from the path, not the layout object: the file records where its data is (examples that take only a
+            # schedule, such as the Lightning and Accelerate ones, find the data through it)
+            with solar.plan(args.data, world_size=g.size, local_batch=args.local_batch or 32,
                             epochs=args.epochs or 5, buffer_fraction=args.buffer_fraction, seed=args.seed, out=path,
                             ranks_per_node=L) as s:
                 mine = sum(s.predicted()["storage_bytes"])

@@ -228,6 +228,18 @@ def test_well_next_step_predictor_learns(tmp_path):
     assert "stats.yaml" in out and "buffer hits" in out and os.path.getsize(tmp_path / "well.png") > 0
 
 
+def test_a_plan_the_example_makes_records_its_data(ptycho):
+    """The example plans from the data's path, so the schedule records where the data is: the Lightning and
+    Accelerate variants, which take only a schedule, find it there (a plan made from a layout object records no
+    path, and they stopped with 'file not found: ')."""
+    import solar
+    plan = ptycho["tmp"] / "made-by-example.h5"
+    run_example(ptycho["tmp"], "train_ptychonn.py", ptycho["data"], "--epochs", 1, "--local-batch", B, "--width", 8,
+                "--depth", 2, "--loader", "solar", "--plan", plan, "--max-steps", 1)
+    with solar.Schedule.load(str(plan)) as s:
+        assert s.source and os.path.samefile(s.source, ptycho["data"])
+
+
 def test_lightning_variant_trains_like_the_example(ptycho):
     """train_ptychonn_lightning.py (PyTorch Lightning's DDP under torchrun, SolarDataset in a DataLoader) on
     the same schedule: the same per-epoch training losses as train_ptychonn.py's solar run."""

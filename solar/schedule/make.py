@@ -167,6 +167,8 @@ def plan(data: Union[str, "Demand", object], *, world_size: int, local_batch: Op
     try:
         return _write(w, out, lambda: run.advance(cfg.epochs, on_epoch=w.add_epoch, progress=progress))
     except BufferTooSmall as exc:  # its figure is the residency: say what the rest of the rank's budget holds
+        if budget == resident:
+            raise
         from ..layout.summary import human_bytes as hb
         held = f"{hb(budget - resident)} of the {hb(budget)} per rank is held for batches in flight and bookkeeping"
         if ahead:
