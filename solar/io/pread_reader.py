@@ -354,7 +354,7 @@ class PreadReader(BlockReader):
     def start(self) -> None:
         """Start the ``threads`` workers now, each with its ``O_DIRECT`` bounce buffer mapped and faulted in."""
         self._fork_check()
-        if self.threads > 1:
+        if self.threads > 1 and not self._closed:
             start_threads(self._workers(), self.threads, self._thread_setup)
 
     def _thread_setup(self) -> None:
