@@ -32,20 +32,26 @@ def reference(arrays, batches, outs) -> float:
     return time.perf_counter() - t0
 
 
-def loader_epochs(plan: str, data: str, epochs: int, cpus) -> list:
-    """Seconds of each epoch of a bare loop over SolarLoader (torch batches)."""
+def loader_epochs(plan: str, data: str, epochs: int, cpus) -> tuple:
+    """``(seconds, faults)`` of each epoch of a bare loop over SolarLoader (torch batches): faults are the
+    process's minor page faults in the epoch (a batch whose memory is new is faulted in by the threads that
+    gather it, 4 KiB or 2 MiB at a time: one suspect for many gather threads being slower than a few)."""
+    import resource
+
     from solar.loader import SolarLoader
     kw = {} if cpus is None else {"cpus": cpus}
-    out = []
+    out, faults = [], []
     with SolarLoader(plan, data, as_torch=True, epoch_fence=True, **kw) as loader:
         loader.prepare()
         for e in range(epochs):
             loader.set_epoch(e)
+            f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             t0 = time.perf_counter()
             for _ in loader:
                 pass
             out.append(time.perf_counter() - t0)
-    return out
+            faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
+    return out, faults
 
 
 def main(argv=None) -> int:
@@ -82,10 +88,11 @@ def main(argv=None) -> int:
         res["runs"].append({"what": "np.take", "repeat": r, "samples_per_s": n / ref,
                             "gbps": n * sample_bytes / ref / 1e9})
         for c in a.cpus:
-            secs = loader_epochs(plan, a.data, a.epochs, c)
+            secs, faults = loader_epochs(plan, a.data, a.epochs, c)
             best = min(secs[1:])
             res["runs"].append({"what": f"solar cpus={c}", "repeat": r, "samples_per_s": n / best,
-                                "gbps": n * sample_bytes / best / 1e9, "epoch_s": secs})
+                                "gbps": n * sample_bytes / best / 1e9, "epoch_s": secs,
+                                "minor_faults_per_batch": [f / S for f in faults]})
         print(" ".join(f"{x['what']}: {x['gbps']:.2f} GB/s" for x in res["runs"] if x["repeat"] == r),
               file=sys.stderr, flush=True)
     best = {}
