@@ -2,7 +2,8 @@
 # One prepared check of solar on a GPU machine with no network, in about 5 minutes on 16 cores.
 #
 #   benchmarks/gpu_check.sh OUTDIR [SECTION ...]      (sections: basics, cores, bench, conv, resident, nodes,
-#                                                          depth, gil, reads, sync, eqmem, neighbours; default basics cores)
+#                                                          depth, gil, reads, sync, eqmem, neighbours, kvikio;
+#                                                          default basics cores)
 #
 # It generates the data, trains the examples on CUDA, runs `solar bench --device cuda` cold, and writes
 # into OUTDIR (what comes back from such a machine: 8 files at most, so few and named):
@@ -33,6 +34,8 @@
 #   eqmem    issue 25: nodes' contiguous run with every loader under --equal-memory alone (eqmem.json)
 #   neighbours issue 25: --neighbour-reads against each block on its own, one rank (conv) and R ranks, cold,
 #            twice each interleaved (neighbours.json)
+#   kvikio   issue 24: 1 GiB of the contiguous file's blocks read cold straight into GPU memory with KvikIO against
+#            solar's pread reader and one copy a step, and the disk's own rate, 16 and 64 in flight (kvikio.json)
 #   resident the all-resident `solar bench` pair alone (bench-resident)
 #   nodes    issue 25: SOLAR_GPU_RANKS (8) ranks on the node, cold, the node pool (the default) against a buffer
 #            per rank (--no-node-pool), on the contiguous file (with every baseline) and on a gzip one
@@ -346,6 +349,15 @@ reads() {
     merge "$OUT/reads.json" reads 1 4 1b 4b
 }
 
+# issue 24: unfiltered blocks straight into device memory with KvikIO (wheels in .whl/, benchmarks/gpu_wheels.sh)
+# against solar's pread reader + one copy a step, and the disk's own rate, cold, 1 GiB of random 64 KiB blocks each,
+# at 16 and 64 reads in flight; kvikio.json (benchmarks/kvikio_check.py)
+kvikio() {
+    STDOUT=$WORK/kvikio-16.json run kvikio-16 60 "$PY" benchmarks/kvikio_check.py "$D" --device "$DEVICE" --threads 16 --json
+    STDOUT=$WORK/kvikio-64.json run kvikio-64 60 "$PY" benchmarks/kvikio_check.py "$D" --device "$DEVICE" --threads 64 --json
+    merge "$OUT/kvikio.json" kvikio 16 64
+}
+
 # issue 25: the gzip file on R ranks, solar alone, the node pool against a buffer per rank with the ranks waiting for
 # each other after every step (--step-sync, as DDP training does), twice each interleaved; sync.json
 section_sync() {  # not sync(): that would shadow the command drop_cache runs
@@ -423,10 +435,12 @@ for s in $SECTIONS; do
         sync) section_sync ;;
         eqmem) eqmem ;;
         neighbours) neighbours ;;
-        *) say "unknown section $s (sections: basics cores bench conv resident nodes depth gil reads sync eqmem neighbours)" ;;
+        kvikio) kvikio ;;
+        *) say "unknown section $s (sections: basics cores bench conv resident nodes depth gil reads sync eqmem neighbours kvikio)" ;;
     esac
 done
 
 "$PY" benchmarks/gpu_summary.py "$OUT" --steps "$STEPS" --gpu "$GPU" --device "$DEVICE" \
     --samples "$N" --size "$SIZE" --batch "$B" --workers "$WORKERS" --nodes-dir "$WORK" 2>>"$LOG"
+[ -s "$OUT/train.jsonl" ] || rm -f "$OUT/train.jsonl"  # no example ran: one file fewer of the 8 that come back
 say "done in $(( $(date +%s) - START ))s; results in $OUT"
