@@ -7,18 +7,21 @@ measured to help.  This measures it on DATA's blocks that need no decoding (a co
 dataset), the same blocks in the same random order for every method, read a step at a time (``--step-blocks``
 blocks, what one step's misses are), the page cache dropped before each method:
 
-* ``disk``: the disk's own rate for these reads (``os.preadv`` into host memory, ``--threads`` at once:
-  :func:`solar.bench.disk.cold_random_read`), the limit;
+* ``disk``: the disk's own rate for these blocks (``os.preadv`` into host memory, ``--threads`` at once, in an
+  order of its own: :func:`solar.bench.disk.cold_random_read`), the limit;
 * ``solar``: solar's ``pread`` reader (``O_DIRECT`` where the file system allows it, ``--threads`` workers) into
   a host staging buffer (pinned on CUDA), then one copy of the step to the device, as the device buffer tier
   moves a step's misses;
 * ``kvikio``: ``kvikio.CuFile.pread`` of each block straight into its place in device memory, every block of a
   step in flight at once (KvikIO's own thread pool of ``--threads`` threads), then waited for.
 
-Every method's bytes on the device are compared with the file's bytes (``numpy.fromfile``).  Per method the
-report gives seconds, bytes and GB/s; for KvikIO its version and whether it ran in compat mode, or why it could
-not run (it needs ``libcuda``, so on a machine without a GPU it reports itself unavailable and the rest still
-runs: ``--device cpu``).  ``benchmarks/gpu_check.sh kvikio`` runs it on a GPU machine.
+The bytes solar and KvikIO put on the device are compared with the file's bytes (``numpy.fromfile``, checked
+against h5py for the first blocks).  Per method the report gives seconds, bytes and GB/s; for KvikIO its
+version, its compat-mode setting and whether it reads with ``O_DIRECT`` (``auto_direct_io_read``); for solar
+whether it did.  KvikIO that cannot start (not installed; it needs ``libcuda``, so on a machine without a GPU it
+is unavailable and the rest still runs: ``--device cpu``) is reported as ``unavailable``; KvikIO that fails
+while reading, or delivers other bytes, as ``failed``, and the exit status is 1.
+``benchmarks/gpu_check.sh kvikio`` runs it on a GPU machine.
 """
 from __future__ import annotations
 
@@ -52,6 +55,19 @@ def pick_blocks(layout, max_bytes: int, seed: int):
     return raw[:max(1, keep)]
 
 
+def h5py_agrees(layout, blocks) -> bool:
+    """The first blocks' bytes as :func:`expected` reads them equal h5py's (the reference's own check: a
+    wrong block map would read wrong bytes for every method alike)."""
+    import numpy as np
+
+    from solar.io import get_reader
+    nb = layout.block_nbytes[blocks]
+    out = [np.empty(int(n), np.uint8) for n in nb]
+    with get_reader("h5py", layout) as h5:
+        h5.read_blocks(blocks, out)
+    return bool(np.array_equal(np.concatenate(out), expected(layout, blocks)))
+
+
 def expected(layout, blocks):
     """uint8: the blocks' bytes as the file holds them, back to back (the reference)."""
     import numpy as np
@@ -65,20 +81,22 @@ def steps_of(n: int, per: int):
     return [(a, min(n, a + per)) for a in range(0, n, per)]
 
 
-def run_solar(layout, blocks, dst, starts, per_step: int, threads: int, device: str) -> float:
-    """Seconds to read ``blocks`` step by step with the pread reader into host staging, each step copied to ``dst``."""
+def run_solar(layout, blocks, dst, starts, per_step: int, threads: int, device: str) -> tuple:
+    """(seconds, info) to read ``blocks`` step by step with the pread reader into host staging, each step copied
+    to ``dst``."""
     import torch
 
+    from solar.bench.cache import drop_file_cache
     from solar.io import get_reader
     nb = layout.block_nbytes[blocks]
     most = int(max(nb[a:b].sum() for a, b in steps_of(blocks.shape[0], per_step)))
     stage = torch.empty(most, dtype=torch.uint8, pin_memory=device != "cpu")
     host = stage.numpy()
-    from solar.bench.cache import drop_file_cache
     with get_reader("pread", layout, threads=threads) as reader:
         reader.start()
-        reader.read_blocks(blocks[:2], [host[:int(nb[0])], host[int(nb[0]):int(nb[:2].sum())]])  # numba's kernels loaded
+        reader.read_blocks(blocks[:1], [host[:int(nb[0])]])  # numba's kernels loaded, outside the timer
         drop_file_cache(layout.files)
+        info = {"o_direct": bool(getattr(reader, "direct", False))}
         t0 = time.perf_counter()
         for a, b in steps_of(blocks.shape[0], per_step):
             off = starts[a:b + 1] - starts[a]
@@ -87,36 +105,61 @@ def run_solar(layout, blocks, dst, starts, per_step: int, threads: int, device: 
             dst[int(starts[a]):int(starts[b])].copy_(stage[:n], non_blocking=device != "cpu")
             if device != "cpu":
                 torch.cuda.synchronize()  # the staging buffer is written again by the next step
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0, info
 
 
-def run_kvikio(layout, blocks, dst, starts, per_step: int, threads: int) -> tuple:
-    """(seconds, info) of ``kvikio.CuFile.pread`` of every block into its place in ``dst``, a step at a time."""
-    import kvikio
-    import kvikio.defaults as kd
-    kd.set({"num_threads": int(threads)})
-    files = [layout.datasets[d].file for d in range(len(layout.datasets))]
-    handles = {}
+class Unavailable(Exception):
+    """KvikIO cannot start here (not installed, no libcuda, no cuFile): said, not a failure of the check."""
+
+
+def open_kvikio(layout, blocks, threads: int) -> tuple:
+    """(kvikio module, {file index: CuFile}, info); Unavailable when KvikIO cannot start here."""
     try:
+        import kvikio
+        import kvikio.defaults as kd
+        kd.set({"num_threads": int(threads)})
+        files = [layout.datasets[d].file for d in range(len(layout.datasets))]
+        handles = {}
         for f in sorted({files[int(d)] for d in set(layout.block_dataset[blocks].tolist())}):
             handles[f] = kvikio.CuFile(layout.files[f], "r")
-        info = {"version": kvikio.__version__, "compat_mode": str(kd.get("compat_mode")),
-                "compat_mode_preferred": bool(kd.is_compat_mode_preferred()), "num_threads": int(kd.get("num_threads"))}
-        t0 = time.perf_counter()
-        for a, b in steps_of(blocks.shape[0], per_step):
-            futs = []
-            for i in range(a, b):
-                k = int(blocks[i])
-                n = int(layout.block_stored[k])
-                futs.append(handles[files[int(layout.block_dataset[k])]].pread(
-                    dst[int(starts[i]):int(starts[i]) + n], n, int(layout.block_offset[k])))
-            got = sum(f.get() for f in futs)
-            if got != int(starts[b] - starts[a]):
-                raise RuntimeError(f"KvikIO read {got} bytes of a step of {int(starts[b] - starts[a])}")
-        return time.perf_counter() - t0, info
-    finally:
-        for h in handles.values():
-            h.close()
+    except Exception as exc:  # noqa: BLE001 - any failure to start: KvikIO is not usable here
+        raise Unavailable(f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:300]}") from exc
+    info = {"version": kvikio.__version__, "compat_mode": str(kd.get("compat_mode")),
+            "compat_mode_preferred": bool(kd.is_compat_mode_preferred()), "num_threads": int(kd.get("num_threads")),
+            "o_direct": bool(kd.get("auto_direct_io_read"))}
+    return kvikio, handles, info
+
+
+def run_kvikio(layout, blocks, dst, starts, per_step: int, handles) -> float:
+    """Seconds of ``CuFile.pread`` of every block into its place in ``dst``, a step at a time (every read of a
+    step waited for, also when one fails, before the next step or the error)."""
+    files = [layout.datasets[d].file for d in range(len(layout.datasets))]
+
+    def step(a, b):
+        futs = []
+        for i in range(a, b):
+            k = int(blocks[i])
+            n = int(layout.block_stored[k])
+            futs.append(handles[files[int(layout.block_dataset[k])]].pread(
+                dst[int(starts[i]):int(starts[i]) + n], n, int(layout.block_offset[k])))
+        got, first = 0, None
+        for f in futs:
+            try:
+                got += f.get()
+            except Exception as exc:  # noqa: BLE001 - raised once all of the step's reads are over
+                first = first or exc
+        if first is not None:
+            raise first
+        if got != int(starts[b] - starts[a]):
+            raise RuntimeError(f"KvikIO read {got} bytes of a step of {int(starts[b] - starts[a])}")
+
+    from solar.bench.cache import drop_file_cache
+    step(0, 1)  # KvikIO's own first-use set-up (thread pool, bounce buffers), outside the timer as solar's
+    drop_file_cache(layout.files)
+    t0 = time.perf_counter()
+    for a, b in steps_of(blocks.shape[0], per_step):
+        step(a, b)
+    return time.perf_counter() - t0
 
 
 def main(argv=None) -> int:
@@ -129,6 +172,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
+    if a.step_blocks < 1 or a.threads < 1:
+        ap.error(f"--step-blocks and --threads must be at least 1, got {a.step_blocks} and {a.threads}")
     import numpy as np
     import torch
 
@@ -145,6 +190,9 @@ def main(argv=None) -> int:
     nb = layout.block_stored[blocks].astype(np.int64)
     starts = np.concatenate([[0], np.cumsum(nb)])
     total = int(starts[-1])
+    if not h5py_agrees(layout, blocks[:8]):
+        print(f"kvikio_check: {a.data}: the blocks' bytes at the layout's offsets differ from h5py's", file=sys.stderr)
+        return 1
     ref = torch.from_numpy(expected(layout, blocks)).to(a.device)
     res = {"data": a.data, "device": a.device, "threads": a.threads, "step_blocks": a.step_blocks,
            "blocks": int(blocks.shape[0]), "bytes": total, "block_bytes": int(np.median(nb)), "methods": {}}
@@ -156,33 +204,48 @@ def main(argv=None) -> int:
     res["methods"]["disk"] = {"seconds": disk["seconds"], "bytes": disk["bytes"],
                               "gbps": disk["bytes"] / disk["seconds"] / 1e9, "method": disk["method"]}
     dst = torch.empty(total, dtype=torch.uint8, device=a.device)
-    for name in ("solar", "kvikio"):
+
+    def fresh():
         dst.zero_()
-        drop_file_cache(layout.files)
-        try:
-            if name == "solar":
-                secs, info = run_solar(layout, blocks, dst, starts, a.step_blocks, a.threads, a.device), {}
-            else:
-                secs, info = run_kvikio(layout, blocks, dst, starts, a.step_blocks, a.threads)
-        except Exception as exc:  # noqa: BLE001 - KvikIO missing or without a GPU: said, the rest still runs
-            if name == "solar":
-                raise
-            res["methods"][name] = {"unavailable": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"}
-            continue
         if a.device != "cpu":
-            torch.cuda.synchronize()
-        res["methods"][name] = {"seconds": secs, "bytes": total, "gbps": total / secs / 1e9,
-                                "equal_to_file": bool(torch.equal(dst, ref)), **info}
+            torch.cuda.synchronize()  # zeroed before any read lands (KvikIO does not use torch's stream)
+        drop_file_cache(layout.files)
+
+    fresh()
+    secs, info = run_solar(layout, blocks, dst, starts, a.step_blocks, a.threads, a.device)
+    if a.device != "cpu":
+        torch.cuda.synchronize()
+    res["methods"]["solar"] = {"seconds": secs, "bytes": total, "gbps": total / secs / 1e9,
+                               "equal_to_file": bool(torch.equal(dst, ref)), **info}
+    try:
+        kvikio, handles, info = open_kvikio(layout, blocks, a.threads)
+    except Unavailable as exc:
+        res["methods"]["kvikio"] = {"unavailable": str(exc)}
+    else:
+        try:
+            fresh()
+            secs = run_kvikio(layout, blocks, dst, starts, a.step_blocks, handles)
+            if a.device != "cpu":
+                torch.cuda.synchronize()
+            res["methods"]["kvikio"] = {"seconds": secs, "bytes": total, "gbps": total / secs / 1e9,
+                                        "equal_to_file": bool(torch.equal(dst, ref)), **info}
+        except Exception as exc:  # noqa: BLE001 - a failure while reading: reported, the check fails
+            res["methods"]["kvikio"] = {"failed": f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:300]}",
+                                        **info}
+        finally:
+            for h in handles.values():
+                h.close()
     m = res["methods"]
     if "gbps" in m.get("kvikio", {}):
         res["kvikio_vs_solar"] = m["kvikio"]["gbps"] / m["solar"]["gbps"]
     for k, v in m.items():
         print(f"{k}: " + (f"{v['gbps']:.2f} GB/s ({v['bytes'] / 2**20:.0f} MiB in {v['seconds']:.2f} s)"
                           + ("" if "equal_to_file" not in v else f", equal to the file: {v['equal_to_file']}")
-                          if "gbps" in v else v["unavailable"]), file=sys.stderr, flush=True)
+                          if "gbps" in v else f"unavailable: {v['unavailable']}" if "unavailable" in v else
+                          f"FAILED: {v['failed']}"), file=sys.stderr, flush=True)
     if a.json:
         print(json.dumps(res, indent=1))
-    return 0 if all(v.get("equal_to_file", True) for v in m.values()) else 1
+    return 0 if all(v.get("equal_to_file", True) and "failed" not in v for v in m.values()) else 1
 
 
 if __name__ == "__main__":

@@ -53,3 +53,40 @@ def test_sizes_parse():
     assert kvikio_check.parse_bytes("1GiB") == 1 << 30
     assert kvikio_check.parse_bytes("256MiB") == 256 << 20
     assert kvikio_check.parse_bytes("4096") == 4096
+
+
+class FakeCuFile:
+    """KvikIO's ``CuFile`` as the check uses it, on the CPU: ``pread`` into a torch tensor's bytes, a future
+    back; ``short`` bytes fewer than asked for (a read that comes back short)."""
+
+    def __init__(self, path, short=0):
+        self.fd, self.short = os.open(path, os.O_RDONLY), short
+
+    def pread(self, buf, n, off):
+        view = buf.numpy()
+        got = os.preadv(self.fd, [memoryview(view)[:n - self.short]], off)
+        return type("Future", (), {"get": lambda self: got})()
+
+    def close(self):
+        os.close(self.fd)
+
+
+def _fake_kvikio(monkeypatch, short):
+    def fake_open(layout, blocks, threads):
+        return None, {f: FakeCuFile(p, short) for f, p in enumerate(layout.files)}, {"version": "fake"}
+    monkeypatch.setattr(kvikio_check, "open_kvikio", fake_open)
+
+
+def test_kvikio_s_bytes_are_checked_and_a_short_read_fails_the_check(tmp_path, capsys, monkeypatch):
+    """The KvikIO half of the check, with a stand-in for CuFile on the CPU: its bytes equal the file's; a
+    read that comes back short is a failure (exit 1, "failed"), not "unavailable"."""
+    data = make_dataset(tmp_path, "ptychonn", "contiguous", samples=40)
+    _fake_kvikio(monkeypatch, 0)
+    assert kvikio_check.main([data, "--device", "cpu", "--threads", "2", "--step-blocks", "5", "--json"]) == 0
+    m = json.loads(capsys.readouterr().out)["methods"]
+    assert m["kvikio"]["equal_to_file"] is True and m["kvikio"]["bytes"] == m["solar"]["bytes"]
+    _fake_kvikio(monkeypatch, 1)
+    assert kvikio_check.main([data, "--device", "cpu", "--threads", "2", "--step-blocks", "5", "--json"]) == 1
+    out = capsys.readouterr()
+    m = json.loads(out.out)["methods"]
+    assert m["kvikio"]["failed"].startswith("RuntimeError: KvikIO read") and "FAILED: RuntimeError" in out.err

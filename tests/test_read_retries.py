@@ -87,11 +87,11 @@ class FailingKernel:
     def __init__(self, first: int):
         self.first, self.calls, self.real = first, 0, pread_reader.read_direct_ranges
 
-    def __call__(self, fd, lo, size, need, bounce, ptr, src, nbytes, dst, r0, r1, got, err, *rest):
+    def __call__(self, io, ranges, r0, r1):
         self.calls += 1
         if self.calls < self.first:
-            return self.real(fd, lo, size, need, bounce, ptr, src, nbytes, dst, r0, r1, got, err, *rest)
-        got[r0], err[r0] = 0, errno.EIO
+            return self.real(io, ranges, r0, r1)
+        ranges.got[r0], ranges.err[r0] = 0, errno.EIO
         return r0
 
 

@@ -16,6 +16,7 @@ differ in shape (``whole`` over uneven files), datasets with more than ``MAX_DIM
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 from numba import njit, types
@@ -26,6 +27,47 @@ from ..layout.blocks import chunk_grid
 
 MAX_DIMS = 8
 ROLE_FULL, ROLE_INDEX, ROLE_TIME = 0, 1, 2
+
+
+class Geometry(NamedTuple):
+    """What the kernel knows of the layout (int64 arrays; :class:`GatherTables` documents the tables): the
+    samples' CSR block lists, each block's dataset, and the per-dataset, per-source and per-field tables."""
+
+    sample_ptr: np.ndarray
+    sample_blocks: np.ndarray
+    block_dataset: np.ndarray
+    ds_block_start: np.ndarray
+    ds_ndim: np.ndarray
+    ds_shape: np.ndarray
+    blk_shape: np.ndarray
+    grid: np.ndarray
+    grid_div: np.ndarray
+    blk_stride: np.ndarray
+    itemsize: np.ndarray
+    src_ds: np.ndarray
+    roles: np.ndarray
+    src_kind: np.ndarray
+    src_wpt: np.ndarray
+    src_window: np.ndarray
+    src_dt: np.ndarray
+    out_stride: np.ndarray
+    field_bytes: np.ndarray
+
+
+class Rows(NamedTuple):
+    """The batch's rows (int64[n] each): sample id, its source and its index inside the source."""
+
+    samples: np.ndarray
+    src: np.ndarray
+    local: np.ndarray
+
+
+class Resident(NamedTuple):
+    """The step's resident blocks (int64[m] each): ids ascending, and each one's size class and slot."""
+
+    blocks: np.ndarray
+    block_class: np.ndarray
+    block_slot: np.ndarray
 
 
 class GatherTables:
@@ -74,6 +116,7 @@ class GatherTables:
         self.ds_ndim = np.zeros(D, np.int64)
         self.itemsize = np.zeros(D, np.int64)
         self.ds_block_start = np.asarray(layout.dataset_block_start, np.int64)
+        self.geometry = None  # (the kernel's view of the tables: set below when the layout is served)
         if not self.ok:
             return
         # datasets of many files share a few (shape, block shape, dtype): one row of tables per kind
@@ -121,6 +164,27 @@ class GatherTables:
             for a in range(len(shp)):
                 self.out_stride[k, a] = int(np.prod(shp[a + 1:], dtype=np.int64)) * dsz.get(name, 0)
             self.field_bytes[k] = int(np.prod(shp, dtype=np.int64)) * dsz.get(name, 0)
+        self._set_geometry()
+
+    def _set_geometry(self) -> None:
+        """The kernel's view of the tables (:class:`Geometry`), made again whenever they change."""
+        lay = self.layout
+        self.geometry = Geometry(lay.sample_ptr, lay.sample_blocks, lay.block_dataset, self.ds_block_start,
+                                 self.ds_ndim, self.ds_shape, self.blk_shape, self.grid, self.grid_div,
+                                 self.blk_stride, self.itemsize, self.src_ds, self.roles, self.src_kind, self.src_wpt,
+                                 self.src_window, self.src_dt, self.out_stride, self.field_bytes)
+
+    def keep_fields(self, names) -> None:
+        """Restrict the tables to fields ``names``: the per-field rows (``src_ds``/``roles`` axis 1,
+        ``out_stride``/``field_bytes`` axis 0, ``fields``) are sliced, and the kernel's :class:`Geometry` with
+        them, so that :meth:`gather` copies those fields only (field k of the batch is the k-th kept)."""
+        keep = [k for k, name in enumerate(self.fields) if name in names]
+        self.src_ds = np.ascontiguousarray(self.src_ds[:, keep])
+        self.roles = np.ascontiguousarray(self.roles[:, keep])
+        self.out_stride = np.ascontiguousarray(self.out_stride[keep])
+        self.field_bytes = np.ascontiguousarray(self.field_bytes[keep])
+        self.fields = [self.fields[k] for k in keep]
+        self._set_geometry()
 
     def gather(self, samples: np.ndarray, blocks: np.ndarray, block_class: np.ndarray, block_slot: np.ndarray,
                pools, out: dict[str, np.ndarray], workers=None, parts: int = 1) -> None:
@@ -167,23 +231,18 @@ class GatherTables:
             f.result()  # the first worker's exception, if any
 
     def _gather_rows(self, samples, src, local, blocks, block_class, block_slot, pools, out, classes) -> None:
+        rows, step = Rows(samples, src, local), _resident(blocks, block_class, block_slot)
         for c in classes:
             flat = pools.arrays[c].reshape(-1)
             slot_bytes = int(pools.class_bytes[c])
             for k, name in enumerate(self.fields):
                 dest = out[name].reshape(-1).view(np.uint8)
-                self._field(k, c, samples, src, local, blocks, block_class, block_slot, flat, slot_bytes, dest,
-                            _NO_RUNS, np.zeros(1, np.int64), False)
+                self._field(k, c, rows, step, flat, slot_bytes, dest, _NO_RUNS, np.zeros(1, np.int64), False)
 
-    def _field(self, k, c, samples, src, local, blocks, block_class, block_slot, flat, slot_bytes, dest, runs,
-               count, record) -> None:
-        lay = self.layout
-        missing = _gather_field(k, c, samples, src, local, lay.sample_ptr, lay.sample_blocks,
-                                lay.block_dataset, blocks, block_class, block_slot, flat, slot_bytes, dest,
-                                self.ds_block_start, self.ds_ndim, self.ds_shape, self.blk_shape,
-                                self.grid, self.grid_div, self.blk_stride, self.itemsize, self.src_ds,
-                                self.roles, self.src_kind, self.src_wpt, self.src_window, self.src_dt,
-                                self.out_stride, self.field_bytes, runs, count, record)
+    def _field(self, k, c, rows: Rows, step: Resident, flat, slot_bytes, dest, runs, count, record) -> None:
+        if self.geometry is None:
+            raise ValueError(f"this layout cannot be gathered in one call: {self.why}")
+        missing = _gather_field(self.geometry, rows, step, k, c, flat, slot_bytes, dest, runs, count, record)
         name = self.fields[k]
         if missing >= 0:
             raise ValueError(f"block {missing} of field {name!r} is not among the step's blocks")
@@ -202,15 +261,14 @@ class GatherTables:
         local = samples - self.layout.source_start[src]
         out = []
         dummy = np.zeros(0, np.uint8)
+        rows, step = Rows(samples, src, local), _resident(blocks, block_class, block_slot)
         for c in np.unique(block_class).tolist():
             for k in range(len(self.fields)):
                 runs, count = np.empty((max(16, samples.shape[0]), 3), np.int64), np.zeros(1, np.int64)
-                self._field(k, c, samples, src, local, blocks, block_class, block_slot, dummy,
-                            int(class_bytes[c]), dummy, runs, count, True)
+                self._field(k, c, rows, step, dummy, int(class_bytes[c]), dummy, runs, count, True)
                 if count[0] > runs.shape[0]:  # more runs than guessed: again with room for all of them
                     runs, count = np.empty((int(count[0]), 3), np.int64), np.zeros(1, np.int64)
-                    self._field(k, c, samples, src, local, blocks, block_class, block_slot, dummy,
-                                int(class_bytes[c]), dummy, runs, count, True)
+                    self._field(k, c, rows, step, dummy, int(class_bytes[c]), dummy, runs, count, True)
                 if count[0]:
                     out.append((c, k, runs[:int(count[0])]))
         return out
@@ -224,6 +282,10 @@ class GatherTables:
 
 
 _NO_RUNS = np.zeros((0, 3), np.int64)
+
+
+def _resident(blocks, block_class, block_slot) -> Resident:
+    return Resident(blocks, block_class, block_slot)
 
 #: Bytes below which a run of rows is not split further (a worker's hand-off costs more than copying less).
 MIN_PART_BYTES = 1 << 20
@@ -297,16 +359,22 @@ def _box(pool, soff, dest, doff, m, cnt, sst, dstr, run, runs, nrun, record):
 
 
 @njit(nogil=True, cache=True)
-def _gather_field(k, c, samples, src, local, sample_ptr, sample_blocks, block_dataset, blocks, block_class,
-                  block_slot, pool, slot_bytes, dest, ds_block_start, ds_ndim, ds_shape, blk_shape, grid, grid_div,
-                  blk_stride, itemsize, src_ds, roles, src_kind, src_wpt, src_window, src_dt, out_stride,
-                  field_bytes, runs, count, record):
-    """Field ``k`` of every sample, from the blocks of class ``c``: copied into ``dest``, or with ``record``
-    the copies listed in ``runs`` (``count[0]`` of them; see :func:`_box`), nothing copied.
+def _gather_field(geo, rows, step, k, c, pool, slot_bytes, dest, runs, count, record):
+    """Field ``k`` of every row (``rows``: :class:`Rows`), from the step's blocks (``step``: :class:`Resident`)
+    of class ``c``, which live in ``pool`` (uint8, ``slot_bytes`` a slot): copied into ``dest`` (the field's
+    flat bytes), or with ``record`` the copies listed in ``runs`` (``count[0]`` of them; see :func:`_box`),
+    nothing copied.  ``geo``: the layout's :class:`Geometry`.
 
-    Returns -1; or a block id >= 0 that is not in ``blocks``; or -2 - block id for a piece
+    Returns -1; or a block id >= 0 that is not in the step's blocks; or -2 - block id for a piece
     whose bytes would fall outside its slot or its sample's field (nothing of it copied).
     """
+    samples, src, local = rows.samples, rows.src, rows.local
+    blocks, block_class, block_slot = step.blocks, step.block_class, step.block_slot
+    sample_ptr, sample_blocks, block_dataset = geo.sample_ptr, geo.sample_blocks, geo.block_dataset
+    ds_block_start, ds_ndim, ds_shape, blk_shape = geo.ds_block_start, geo.ds_ndim, geo.ds_shape, geo.blk_shape
+    grid, grid_div, blk_stride, itemsize = geo.grid, geo.grid_div, geo.blk_stride, geo.itemsize
+    src_ds, roles, src_kind, src_wpt = geo.src_ds, geo.roles, geo.src_kind, geo.src_wpt
+    src_window, src_dt, out_stride, field_bytes = geo.src_window, geo.src_dt, geo.out_stride, geo.field_bytes
     cnt = np.zeros(MAX_DIMS, np.int64)
     sst = np.zeros(MAX_DIMS, np.int64)
     dstr = np.zeros(MAX_DIMS, np.int64)

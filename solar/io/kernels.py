@@ -7,6 +7,7 @@ more than the advice itself (~15 us).  :func:`fadvise_ranges` issues them all at
 from __future__ import annotations
 
 import errno
+from typing import NamedTuple
 
 import numpy as np
 from llvmlite import ir
@@ -148,38 +149,68 @@ def _read_window(fd, bounce, lo, size, need, retries, backoff_us, align):
     return done, 0
 
 
+class DirectIO(NamedTuple):
+    """How the kernels read (ints): descriptor ``fd`` (opened with ``O_DIRECT``), the address ``bounce`` of a
+    page-aligned buffer as large as the largest window, and the retry rule (:func:`read_direct_ranges`)."""
+
+    fd: int
+    bounce: int
+    retries: int
+    backoff_us: int
+    align: int
+
+
+class DirectRanges(NamedTuple):
+    """A call's ranges and their blocks (int64 arrays unless said).  Per range r: ``lo``/``size`` the aligned
+    window, ``need`` the bytes up to the range's end, ``got``/``err`` what the kernel read (bytes, errno);
+    ``ptr`` (one more): range r's blocks are ``ptr[r]:ptr[r+1]``.  Per block k: ``src`` its offset in the
+    window, ``stored`` its stored bytes, ``nbytes`` its decoded bytes, ``dst`` the address of its output,
+    ``zlib`` (bool) a zlib stream to inflate (else copied)."""
+
+    lo: np.ndarray
+    size: np.ndarray
+    need: np.ndarray
+    got: np.ndarray
+    err: np.ndarray
+    ptr: np.ndarray
+    src: np.ndarray
+    stored: np.ndarray
+    nbytes: np.ndarray
+    dst: np.ndarray
+    zlib: np.ndarray
+
+
 @njit(nogil=True, cache=True)
-def _read_range(fd, bounce, lo, size, need, got, err, r, retries, backoff_us, align):
-    """Range ``r``'s window read into ``bounce`` (:func:`_read_window`), ``got[r]``/``err[r]`` set;
+def _read_range(io, rg, r):
+    """Range ``r``'s window read into the bounce buffer (:func:`_read_window`), ``got[r]``/``err[r]`` set;
     True when all ``need[r]`` bytes are in."""
-    done, e = _read_window(fd, bounce, lo[r], size[r], need[r], retries, backoff_us, align)
-    got[r] = done
-    err[r] = e
-    return e == 0 and done >= need[r]
+    done, e = _read_window(io.fd, io.bounce, rg.lo[r], rg.size[r], rg.need[r], io.retries, io.backoff_us, io.align)
+    rg.got[r] = done
+    rg.err[r] = e
+    return e == 0 and done >= rg.need[r]
 
 
 @njit(nogil=True, cache=True)
-def read_direct_ranges(fd, lo, size, need, bounce, ptr, src, nbytes, dst, r0, r1, got, err,
-                       retries, backoff_us, align):
-    """``O_DIRECT`` reads of ranges ``r0..r1-1`` of descriptor ``fd``, each copied out block by block,
-    in one GIL-free call (one Python call for many ranges: a worker thread holds the GIL only to start it).
+def read_direct_ranges(io, rg, r0, r1):
+    """``O_DIRECT`` reads of ranges ``r0..r1-1`` of ``rg`` (:class:`DirectRanges`) with ``io``
+    (:class:`DirectIO`), each copied out block by block, in one GIL-free call (one Python call for many
+    ranges: a worker thread holds the GIL only to start it).
 
     Range r: ``pread`` from the aligned offset ``lo[r]`` into the page-aligned buffer at address
-    ``bounce`` (``size[r]`` bytes: the aligned window) until ``need[r]`` bytes are in or the file ends;
-    then its blocks k in ``ptr[r]:ptr[r+1]`` are copied, ``nbytes[k]`` bytes from ``bounce + src[k]``
-    to the address ``dst[k]``.  int64 arrays: ``lo``/``size``/``need``/``got``/``err`` one per range,
-    ``ptr`` one more, ``src``/``nbytes``/``dst`` one per block.  Retries as
-    ``pread_reader.pread_direct``: a read returning 0 bytes or failing with EINTR/EAGAIN/EIO is tried
-    again up to ``retries`` times, sleeping ``backoff_us * 2**k`` us before try k; a read ending
-    between ``align`` multiples goes on from its aligned part (shorter than ``align``: the file's end).
-    Sets ``got[r]`` (bytes read) and ``err[r]`` (the errno of a failed read, else 0).  Returns the first
-    range left short or failed (its blocks not copied, later ranges not read), or -1 when all are in.
+    ``io.bounce`` (``size[r]`` bytes: the aligned window) until ``need[r]`` bytes are in or the file ends;
+    then its blocks k in ``ptr[r]:ptr[r+1]`` are copied, ``stored[k]`` bytes from ``bounce + src[k]`` to the
+    address ``dst[k]``.  Retries as ``pread_reader.pread_direct``: a read returning 0 bytes or failing with
+    EINTR/EAGAIN/EIO is tried again up to ``io.retries`` times, sleeping ``io.backoff_us * 2**k`` us before
+    try k; a read ending between ``io.align`` multiples goes on from its aligned part (shorter than
+    ``align``: the file's end).  Sets ``got[r]`` (bytes read) and ``err[r]`` (the errno of a failed read,
+    else 0).  Returns the first range left short or failed (its blocks not copied, later ranges not read),
+    or -1 when all are in.
     """
     for r in range(r0, r1):
-        if not _read_range(fd, bounce, lo, size, need, got, err, r, retries, backoff_us, align):
+        if not _read_range(io, rg, r):
             return r
-        for k in range(ptr[r], ptr[r + 1]):
-            _memcpy(dst[k], bounce + src[k], nbytes[k])
+        for k in range(rg.ptr[r], rg.ptr[r + 1]):
+            _memcpy(rg.dst[k], io.bounce + rg.src[k], rg.stored[k])
     return -1
 
 
@@ -210,9 +241,8 @@ def _zlib_decompress(typingctx, decompressor, src, n, dst, avail, actual):
 
 
 @njit(nogil=True, cache=True)
-def inflate_direct_ranges(fd, lo, size, need, bounce, ptr, src, stored, dst, nbytes, zlib, r0, r1, got, err,
-                          retries, backoff_us, align, decompressor, bad):
-    """:func:`read_direct_ranges` for ranges whose blocks are raw or zlib streams: block k (``zlib[k]``
+def inflate_direct_ranges(io, rg, r0, r1, decompressor, bad):
+    """:func:`read_direct_ranges` for ranges whose blocks are raw or zlib streams: block k (``rg.zlib[k]``
     nonzero) is inflated by libdeflate from its ``stored[k]`` bytes at ``bounce + src[k]`` straight into
     its ``nbytes[k]`` bytes at ``dst[k]`` (``decompressor``: this thread's, an address from
     ``libdeflate_alloc_decompressor``); the others are copied.  A stream that is corrupt or decodes to
@@ -221,11 +251,12 @@ def inflate_direct_ranges(fd, lo, size, need, bounce, ptr, src, stored, dst, nby
     """
     actual = np.zeros(1, np.int64)
     at = actual.ctypes.data
+    bounce, src, stored, dst, nbytes = io.bounce, rg.src, rg.stored, rg.dst, rg.nbytes
     for r in range(r0, r1):
-        if not _read_range(fd, bounce, lo, size, need, got, err, r, retries, backoff_us, align):
+        if not _read_range(io, rg, r):
             return r
-        for k in range(ptr[r], ptr[r + 1]):
-            if zlib[k]:
+        for k in range(rg.ptr[r], rg.ptr[r + 1]):
+            if rg.zlib[k]:
                 actual[0] = -1
                 res = _zlib_decompress(decompressor, bounce + src[k], stored[k], dst[k], nbytes[k], at)
                 if res != 0 or actual[0] != nbytes[k]:

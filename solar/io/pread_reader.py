@@ -73,7 +73,8 @@ from .block_plan import (
 )
 from .coalesce import CoalescePolicy
 from .fdcache import FileCache, open_file_budget
-from .kernels import LIBDEFLATE, fadvise_ranges, inflate_direct_ranges, read_direct_ranges
+from .kernels import (LIBDEFLATE, DirectIO, DirectRanges, fadvise_ranges, inflate_direct_ranges,
+                      read_direct_ranges)
 from .reader import BlockReader, ReadStats, register
 
 try:
@@ -113,26 +114,16 @@ class _DirectJobs(NamedTuple):
     of the job's ranges needs no decoding, or is a zlib stream libdeflate inflates (``inflate`` (bool[J]):
     some do), so one :func:`~solar.io.kernels.read_direct_ranges` (or ``inflate_direct_ranges``) call
     reads them all and copies (inflates) the blocks out without the GIL; else its ranges go one by one
-    through ``_read_range`` (decoding in Python).  ``bounce`` (int64[J]): the bounce buffer the job needs.  Per range
-    (int64[R]): ``lo``/``size``, the aligned window, ``need`` the bytes up to the range's end, ``got``/
-    ``err`` the kernel's results.  Per block in plan order (int64[m]): ``src``, its offset in the
-    window, ``dst``, the address of its output array, ``nbytes`` its decoded bytes, ``zlib`` (bool) it
-    is inflated.
+    through ``_read_range`` (decoding in Python).  ``bounce`` (int64[J]): the bounce buffer the job needs.
+    ``ranges``: the kernels' view of every range and block of the call (:class:`~solar.io.kernels.DirectRanges`:
+    the aligned windows, the kernel's results, each block's place in its window and its output address).
     """
 
     cut: np.ndarray
     kernel: np.ndarray
     bounce: np.ndarray
-    lo: np.ndarray
-    size: np.ndarray
-    need: np.ndarray
-    got: np.ndarray
-    err: np.ndarray
-    src: np.ndarray
-    dst: np.ndarray
     inflate: np.ndarray
-    nbytes: np.ndarray
-    zlib: np.ndarray
+    ranges: DirectRanges
 
 
 # a read that fails with one of these, or returns no bytes before the end of the request, is tried
@@ -544,10 +535,10 @@ class PreadReader(BlockReader):
         counts = np.diff(plan.ptr)
         addr = np.fromiter((o.__array_interface__["data"][0] for o in out), dtype=np.int64, count=len(out))
         inflate = np.logical_or.reduceat(zlib, plan.ptr[cut[:-1]]) if zlib.shape[0] else np.zeros(0, bool)
-        return _DirectJobs(cut, direct[cut[:-1]], np.maximum.reduceat(size, cut[:-1]), lo, size, end - lo,
-                           np.zeros(R, np.int64), np.zeros(R, np.int64),
-                           np.repeat(start - lo, counts) + plan.rel, addr[plan.pos], inflate,
-                           self.layout.block_nbytes[blocks[plan.pos]], zlib)
+        ranges = DirectRanges(lo, size, end - lo, np.zeros(R, np.int64), np.zeros(R, np.int64), plan.ptr,
+                              np.repeat(start - lo, counts) + plan.rel, plan.stored, self.layout.block_nbytes[
+                                  blocks[plan.pos]], addr[plan.pos], zlib)
+        return _DirectJobs(cut, direct[cut[:-1]], np.maximum.reduceat(size, cut[:-1]), inflate, ranges)
 
     def _work(self, plan: _ReadPlan, jobs, n_jobs: int, blocks, out, counter, failed: list) -> None:
         """Do jobs (ranges, or :class:`_DirectJobs`) ``next(counter)`` until none is left or a worker
@@ -575,31 +566,28 @@ class PreadReader(BlockReader):
         with self._fd(file) as fd:
             if file in self._buffered:
                 return False
+            io = DirectIO(fd, bounce, READ_RETRIES, int(RETRY_BACKOFF_S * 1e6), DIRECT_ALIGN)
             if jobs.inflate[j]:
-                bad = inflate_direct_ranges(fd, jobs.lo, jobs.size, jobs.need, bounce, plan.ptr, jobs.src,
-                                            plan.stored, jobs.dst, jobs.nbytes, jobs.zlib, a, b, jobs.got, jobs.err,
-                                            READ_RETRIES, int(RETRY_BACKOFF_S * 1e6), DIRECT_ALIGN,
-                                            self._decompressor(), zbad)
+                bad = inflate_direct_ranges(io, jobs.ranges, a, b, self._decompressor(), zbad)
             else:
-                bad = read_direct_ranges(fd, jobs.lo, jobs.size, jobs.need, bounce, plan.ptr, jobs.src,
-                                         plan.stored, jobs.dst, a, b, jobs.got, jobs.err, READ_RETRIES,
-                                         int(RETRY_BACKOFF_S * 1e6), DIRECT_ALIGN)
+                bad = read_direct_ranges(io, jobs.ranges, a, b)
+        rg = jobs.ranges
         if bad >= 0:
             lay, r = self.layout, int(bad)
             if zbad[0] >= 0:
                 k, res, got = (int(x) for x in zbad)
-                n = int(jobs.nbytes[k])
+                n = int(rg.nbytes[k])
                 why = f"decodes to {got} bytes, expected {n}" if res == 0 else \
                     f"corrupt zlib stream (libdeflate result {res})" if res != 3 else \
                     f"corrupt zlib stream (decodes to more than {n} bytes)"
                 raise DecodeError(f"cannot decode {chunk_where(lay, int(blocks[plan.pos[k]]))}: {why}")
             start, length = int(plan.start[r]), int(plan.length[r])
             pos = plan.pos[plan.ptr[r]:plan.ptr[r + 1]]
-            e = int(jobs.err[r])
+            e = int(rg.err[r])
             if e:
                 raise _direct_failed(lay, int(blocks[pos[0]]), start, length, e, os.strerror(e))
             raise short_read_error(lay, blocks[pos], start + plan.rel[plan.ptr[r]:plan.ptr[r + 1]],
-                                   int(jobs.lo[r] + jobs.got[r]))
+                                   int(rg.lo[r] + rg.got[r]))
         return True
 
     def _read_range(self, plan: _ReadPlan, r: int, blocks, out) -> None:

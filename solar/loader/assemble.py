@@ -47,7 +47,7 @@ class BatchAssembler:
         self.fields = layout.field_names if fields is None else layout.spec.field_subset(fields)
         self.tables = GatherTables(layout)
         if self.tables.ok and self.fields != layout.field_names:
-            _keep_fields(self.tables, self.fields)
+            self.tables.keep_fields(self.fields)
         self.uniform = self.tables.uniform
         self.gather = bool(gather) and self.tables.ok
         self.shapes = _only(layout.field_shapes(0), self.fields) if layout.n_samples else {}
@@ -143,18 +143,6 @@ class BatchAssembler:
 def _only(per_field: dict, names) -> dict:
     """``per_field`` restricted to ``names`` (in ``per_field``'s order)."""
     return {k: v for k, v in per_field.items() if k in names}
-
-
-def _keep_fields(tables: GatherTables, names: Sequence[str]) -> None:
-    """Restrict ``tables`` to fields ``names``: its per-field rows (``src_ds``/``roles`` axis 1,
-    ``out_stride``/``field_bytes`` axis 0, ``fields``; see :class:`GatherTables`) are sliced, so
-    ``gather`` copies those fields only."""
-    keep = [k for k, name in enumerate(tables.fields) if name in names]
-    tables.src_ds = np.ascontiguousarray(tables.src_ds[:, keep])
-    tables.roles = np.ascontiguousarray(tables.roles[:, keep])
-    tables.out_stride = np.ascontiguousarray(tables.out_stride[keep])
-    tables.field_bytes = np.ascontiguousarray(tables.field_bytes[keep])
-    tables.fields = [tables.fields[k] for k in keep]
 
 
 def _cuda_for_pinning() -> bool:
