@@ -36,7 +36,7 @@ def main():
 
     from solar.bench import make_cache_dropper
     from solar.bench.baseline import run_baseline
-    from solar.bench.compare import measure_disk
+    from solar.bench.limits import measure_disk
     from solar.layout import load_layout
 
     comm = MPI.COMM_WORLD

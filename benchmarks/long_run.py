@@ -18,7 +18,7 @@ import tempfile
 from mpi4py import MPI
 
 import solar
-from solar.bench.compare import rss_bytes
+from solar.bench.solar_run import rss_bytes
 from solar.gen import GenConfig, Storage, generate
 from solar.loader import SolarLoader
 

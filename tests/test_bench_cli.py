@@ -70,7 +70,8 @@ def _check_keys(rep: dict, n_epochs: int):
 def test_bench_report(comm, shared_tmp):
     from conftest import on_root
 
-    from solar.bench.compare import bench, format_report
+    from solar.bench.compare import bench
+    from solar.bench.report import format_report
     data = on_root(comm, lambda: make_dataset(shared_tmp, "ptychonn", "gzip", samples=24))
     rep = bench(data, comm=comm, epochs=2, local_batch=2, buffer_fraction=1.0, num_workers=0, cold=True)
     _check_keys(rep, 2)
@@ -105,7 +106,8 @@ def test_bench_equal_memory(comm, shared_tmp):
     from conftest import on_root
 
     from solar.bench import memlimit
-    from solar.bench.compare import bench, format_report
+    from solar.bench.compare import bench
+    from solar.bench.report import format_report
     from solar.errors import SolarError
     try:
         where = os.path.dirname(memlimit.locate("probe")[0])
@@ -154,7 +156,8 @@ def test_a_baseline_whose_workers_die_is_reported_not_fatal(tmp_path, monkeypatc
     the bench records it as failed, names it in the report, and runs the other loaders (under
     --equal-memory each of them with its own limit, lifted again after the failed one)."""
     from solar.bench import baseline, memlimit
-    from solar.bench.compare import bench, format_report
+    from solar.bench.compare import bench
+    from solar.bench.report import format_report
     from solar.errors import SolarError
     if equal_memory:
         try:

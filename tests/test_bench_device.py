@@ -22,7 +22,8 @@ def _loaders(rep):
 def test_bench_conv_step_reports_au_for_every_loader(comm, shared_tmp):
     from conftest import on_root
 
-    from solar.bench.compare import bench, format_report
+    from solar.bench.compare import bench
+    from solar.bench.report import format_report
     data = on_root(comm, lambda: make_dataset(shared_tmp, "ptychonn", "contiguous", samples=32, size=16))
     rep = bench(data, comm=comm, epochs=2, local_batch=4, buffer_fraction=0.5, num_workers=0, cold=True,
                 model="conv", device="cpu", baselines=("torch", "batched"))

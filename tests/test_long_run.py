@@ -6,7 +6,7 @@ import inspect
 import pytest
 
 import solar
-from solar.bench.compare import rss_bytes
+from solar.bench.solar_run import rss_bytes
 from solar.buffer import BufferManager
 from solar.loader import SolarLoader
 

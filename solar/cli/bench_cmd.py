@@ -175,7 +175,8 @@ def run(args) -> int:
         raise SolarError(f"solar bench runs under mpiexec and needs mpi4py ({exc}): "
                          "pip install 'solar-hdf5[mpi]'") from None
 
-    from ..bench.compare import bench, format_report
+    from ..bench.compare import bench
+    from ..bench.report import format_report
     from ..errors import SpecError
     from ..mpi import abort_on_error
     from ..scheduler.nodes import DEFAULT_NETWORK_BPS, DEFAULT_STORAGE_BPS, PeerCost
