@@ -203,9 +203,16 @@ class SolarSource:
             if comm.Get_size() != schedule.world_size:
                 fail(f"{plan_path} is a node plan (ranks of a node share one buffer through MPI): run the job "
                      f"under mpiexec or srun with {schedule.world_size} MPI ranks ({comm.Get_size()} here)")
-        # device: each batch copied to the GPU in the loader's prefetch thread, on a side stream, ahead of use
-        self.loader = SolarLoader(schedule, data, comm=comm, rank=rank, pin_memory=pin_memory, device=device,
-                                  cpus=cpus)
+        if schedule.buffer_place == "device":  # solar plan --device-buffer: the buffer in GPU memory, batches
+            # gathered there (on the training device: the CPU stands in for the GPU with --cpu)
+            if device is None and pin_memory:  # on CUDA, a task that takes CPU batches (a CPU transform first)
+                fail(f"{plan_path} keeps its buffer in GPU memory (solar plan --device-buffer), and this example "
+                     f"takes its batches on the CPU: plan it without --device-buffer")
+            on = "cpu" if device is None else device
+            self.loader = SolarLoader(schedule, data, comm=comm, rank=rank, buffer_device=on, cpus=cpus)
+        else:  # device: each batch copied to the GPU in the loader's prefetch thread, on a side stream, ahead of use
+            self.loader = SolarLoader(schedule, data, comm=comm, rank=rank, pin_memory=pin_memory, device=device,
+                                      cpus=cpus)
         self.steps_per_epoch = len(self.loader)
         self.epochs = self.loader.epochs
         self.local_batch = self.loader.schedule.local_batch
@@ -384,6 +391,10 @@ def parse_args(task: Task, doc: str, argv=None):
                         "runs with mpiexec/srun); 1: a buffer per rank; default: the job's ranks per node where "
                         "MPI started them, else a buffer per rank")
     p.add_argument("--buffer-fraction", type=float, default=0.5, help="aggregate buffer / dataset, when planning")
+    p.add_argument("--device-buffer", metavar="BYTES",
+                   help="when planning: the buffer in GPU memory, BYTES per rank (e.g. 40GiB; solar plan "
+                        "--device-buffer), batches gathered there; a buffer per rank (not with --ranks-per-node); "
+                        "with --cpu the CPU stands in for the GPU. A plan made so is run that way")
     p.add_argument("--epochs", type=int, help="epochs to train (default: the plan's, or 5)")
     p.add_argument("--local-batch", type=int, help="samples per rank per step (default: the plan's, or 32)")
     p.add_argument("--seed", type=int, default=0, help="DistributedSampler / planner seed and model init seed")
@@ -469,7 +480,11 @@ def ensure_plan(args, g: Group) -> str:
     import solar
     from solar.errors import SolarError
     explicit = args.plan is not None
-    L, found, note = (args.ranks_per_node, 1, None) if args.ranks_per_node is not None else node_pool_choice(g)
+    device_buffer = getattr(args, "device_buffer", None)
+    if device_buffer is not None and (args.ranks_per_node or 1) > 1:
+        fail("--device-buffer plans one buffer per rank on its GPU: not with --ranks-per-node")
+    L, found, note = (args.ranks_per_node, 1, None) if args.ranks_per_node is not None or device_buffer is not None \
+        else node_pool_choice(g)
     if L == 1:
         L = None  # one rank per node: a buffer per rank
 
@@ -479,12 +494,12 @@ def ensure_plan(args, g: Group) -> str:
         if path is None:
             b, E = args.local_batch or 32, args.epochs or 5
             name = os.path.basename(os.path.normpath(args.data)).split(".")[0] or "data"
-            path = f"solar-plan-{name}-P{g.size}-b{b}-E{E}-s{args.seed}.h5"
+            path = f"solar-plan-{name}-P{g.size}-b{b}-E{E}-s{args.seed}{'-gpubuf' if device_buffer else ''}.h5"
         reason = "--replan" if args.replan else None if os.path.exists(path) else "no schedule file yet"
         if reason is None:
             try:
                 with solar.Schedule.load(path, layout=layout, world_size=g.size) as s:
-                    reason = _misfit(s.config, args, s.nodes)  # ranks per node: only when given
+                    reason = _misfit(s.config, args, s.nodes, s.buffer_place)  # ranks per node: only when given
             except SolarError as exc:
                 reason = str(exc)
             if reason and explicit:
@@ -494,9 +509,10 @@ def ensure_plan(args, g: Group) -> str:
             print(f"planning {path} ({reason}) ...", flush=True)
             # from the path, not the layout object: the file records where its data is (examples that take only a
             # schedule, such as the Lightning and Accelerate ones, find the data through it)
+            budget = dict(buffer_fraction=args.buffer_fraction) if device_buffer is None else \
+                dict(device_buffer=device_buffer)
             with solar.plan(args.data, world_size=g.size, local_batch=args.local_batch or 32,
-                            epochs=args.epochs or 5, buffer_fraction=args.buffer_fraction, seed=args.seed, out=path,
-                            ranks_per_node=L) as s:
+                            epochs=args.epochs or 5, seed=args.seed, out=path, ranks_per_node=L, **budget) as s:
                 mine = sum(s.predicted()["storage_bytes"])
             print(f"planned in {time.perf_counter() - t:.1f} s", flush=True)
             line = note
@@ -516,9 +532,11 @@ def ensure_plan(args, g: Group) -> str:
     return on_root(g, work)
 
 
-def _misfit(c, args, nodes=None) -> Optional[str]:
-    """Why a schedule's config (and node map) does not fit the job (None: it fits)."""
+def _misfit(c, args, nodes=None, place: str = "host") -> Optional[str]:
+    """Why a schedule's config (node map, buffer place) does not fit the job (None: it fits)."""
     wrong = []
+    if getattr(args, "device_buffer", None) is not None and place != "device":
+        wrong.append("a buffer in host memory (job: --device-buffer)")
     L = nodes.ranks_per_node if nodes is not None else None
     given = getattr(args, "ranks_per_node", None)
     if given is not None and (given if given > 1 else None) != (L if L and L > 1 else None):

@@ -240,6 +240,40 @@ def test_a_plan_the_example_makes_records_its_data(ptycho):
         assert s.source and os.path.samefile(s.source, ptycho["data"])
 
 
+def test_a_plan_with_the_buffer_on_the_device_trains_the_same_steps(ptycho):
+    """``solar plan --device-buffer`` (the buffer in GPU memory, batches gathered there; the CPU stands in for
+    the GPU here) run by the example: the same steps, sample ids and losses as the same budget on the host; the
+    example plans one itself with ``--device-buffer``, and a host plan does not pass for one."""
+    import solar
+    tmp, data = ptycho["tmp"], ptycho["data"]
+    budget = 1 << 20  # about half of the data per rank
+    logs = {}
+    for place in ("host", "device"):
+        plan = str(tmp / f"buffer-{place}.h5")
+        solar.plan(data, world_size=P, local_batch=B, epochs=2, seed=0, out=plan,
+                   **({"buffer_per_rank": budget} if place == "host" else {"device_buffer": budget})).close()
+        out = run_example(tmp, "train_ptychonn.py", data, "--epochs", 2, "--local-batch", B, "--width", 8,
+                          "--depth", 2, "--loader", "solar", "--plan", plan, "--log-json", tmp / f"{place}.jsonl")
+        logs[place] = read_log(tmp / f"{place}.jsonl")[0]
+        assert "buffer hits" in out
+    with solar.Schedule.load(str(tmp / "buffer-device.h5")) as s:
+        assert s.buffer_place == "device"
+    assert sorted(logs["host"]) == sorted(logs["device"]) == list(range(2 * S))
+    for g in range(2 * S):
+        assert logs["device"][g]["index"] == logs["host"][g]["index"], g
+        assert logs["device"][g]["loss"] == logs["host"][g]["loss"], g  # the same bytes, the same arithmetic
+    made = tmp / "made-gpubuf.h5"
+    run_example(tmp, "train_ptychonn.py", data, "--epochs", 1, "--local-batch", B, "--width", 8, "--depth", 2,
+                "--plan", made, "--device-buffer", "1MiB", "--max-steps", 1)
+    with solar.Schedule.load(str(made)) as s:
+        assert s.buffer_place == "device"
+    cmd = [_mpiexec(), "-n", str(P), sys.executable, os.path.join(EXAMPLES, "train_ptychonn.py"), data, "--epochs",
+           "2", "--local-batch", str(B), "--plan", str(tmp / "buffer-host.h5"), "--device-buffer", "1MiB"]
+    r = subprocess.run(cmd, cwd=tmp, env=_env(), capture_output=True, text=True, timeout=180)
+    assert r.returncode != 0 and "does not fit this job: planned for a buffer in host memory (job: --device-buffer)" in \
+        r.stdout + r.stderr, (r.stdout + r.stderr)[-2000:]
+
+
 def test_lightning_variant_trains_like_the_example(ptycho):
     """train_ptychonn_lightning.py (PyTorch Lightning's DDP under torchrun, SolarDataset in a DataLoader) on
     the same schedule: the same per-epoch training losses as train_ptychonn.py's solar run."""
