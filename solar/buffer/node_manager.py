@@ -53,12 +53,10 @@ class NodeBufferManager(BufferManager):
             self._begin(place, assemble, keep_step_stats, fence)
         except Exception as exc:  # noqa: BLE001 - raised on every rank by agree
             err = exc
-        if err is not None:
-            self._stop_io()
-        agree(comm, err)  # before any collective: a rank that failed here must not leave the others waiting
         try:
+            agree(comm, err)  # before any collective: a rank that failed here must not leave the others waiting
             place.connect()
-        except BaseException:
+        except BaseException:  # this rank's failure, another rank's (agree), or connecting: no thread left running
             self._stop_io()
             raise
         self.pools = place.pools

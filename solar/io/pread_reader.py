@@ -390,7 +390,6 @@ class PreadReader(BlockReader):
         """This thread's page-aligned buffer for ``O_DIRECT`` reads, at least ``nbytes`` long."""
         buf = getattr(self._local, "direct", None)
         if buf is None or len(buf) < nbytes:
-            import mmap
             # private: a forked child writing into its copy must not change the parent's pages (an anonymous
             # mmap is MAP_SHARED by default)
             buf = self._local.direct = mmap.mmap(-1, max(-(-nbytes // DIRECT_ALIGN) * DIRECT_ALIGN, 1 << 20),
