@@ -39,11 +39,22 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> int:
+    from solar.errors import SolarError
+
+    args = parse_args(argv)
+    try:
+        return train(args)
+    except SolarError as exc:  # one line, not a traceback; the other ranks fail in their next collective
+        print(f"train_ptychonn_lightning: error on rank {os.environ.get('RANK', '0')}: {exc}", file=sys.stderr,
+              flush=True)
+        return 2
+
+
+def train(args) -> int:
     import lightning as L
 
     from solar.torch import SolarDataset
 
-    args = parse_args(argv)
     # rank from torchrun's RANK / WORLD_SIZE; with CUDA the batches are built in pinned memory (Lightning's copy to
     # the GPU is then asynchronous)
     ds = SolarDataset(args.plan, pin_memory=torch.cuda.is_available())

@@ -95,7 +95,7 @@ def on_root(g: Group, fn):
             res = ("err", str(exc) if type(exc).__name__ == "SolarError" else f"{type(exc).__name__}: {exc}")
     status, val = g.bcast(res)
     if status == "err":
-        fail(f"on rank 0: {val}")
+        fail(val if g.rank == 0 else f"rank 0 failed: {val}")
     return val
 
 
@@ -435,9 +435,28 @@ def parse_args(task: Task, doc: str, argv=None):
         try:
             if path is not None:
                 check_output_path(path, opt, suffixes)
+                check_not_an_input(path, opt, args)
         except SpecError as exc:
             p.error(str(exc))
     return args
+
+
+def check_not_an_input(path: str, opt: str, args) -> None:
+    """SpecError when the output ``path`` of option ``opt`` would replace a file the job reads: the data's or the
+    held-out data's spec, the plan, or any HDF5 file (data files are HDF5; a checkpoint or log never is)."""
+    import h5py
+
+    from solar.errors import SpecError
+    if not os.path.lexists(path):
+        return
+    inputs = [args.plan] + [os.path.join(d, "solar-layout.json") if os.path.isdir(d) else d
+                            for d in (args.data, args.valid) if d]
+    for f in inputs:
+        if f and os.path.exists(f) and os.path.samefile(path, f):
+            raise SpecError(f"{opt} {path} is {f}, which this job reads; refusing to replace it")
+    if os.path.isfile(path) and h5py.is_hdf5(path):
+        raise SpecError(f"{opt} {path} is an HDF5 file (data or a plan?); refusing to replace it with this "
+                        "job's output: choose another path")
 
 
 # ----------------------------------------------------------------------------- set-up

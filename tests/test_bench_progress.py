@@ -58,6 +58,28 @@ def test_no_progress_is_silent_and_schedule_wins(tmp_path, capsys):
     assert cap.err == ""
 
 
+def test_schedule_replaces_only_the_bench_s_own(tmp_path, capsys):
+    """--schedule PATH: a second bench replaces the schedule the first wrote; a plan the user made there is refused
+    in one line (exit 2) and left as it was."""
+    import hashlib
+
+    import solar
+    from solar.cli import main
+    data = make_dataset(tmp_path, "ptychonn", "contiguous", samples=8)
+    args = ["bench", data, "--epochs", "1", "-b", "2", "--num-workers", "0", "--only", "solar", "--json",
+            "--no-progress", "--schedule"]
+    out = tmp_path / "bench.h5"
+    assert main(args + [str(out)]) == 0 and main(args + [str(out)]) == 0
+    mine = tmp_path / "mine.h5"
+    solar.plan(data, world_size=1, local_batch=4, epochs=3, buffer_fraction=0.5, out=str(mine)).close()
+    before = hashlib.md5(mine.read_bytes()).hexdigest()
+    capsys.readouterr()
+    assert main(args + [str(mine)]) == 2
+    err = capsys.readouterr().err
+    assert "is a schedule that solar bench did not write" in err and "refusing to replace it" in err, err
+    assert hashlib.md5(mine.read_bytes()).hexdigest() == before
+
+
 def test_cache_folder_order(monkeypatch, tmp_path):
     from solar.bench.compare import cache_dir
     monkeypatch.setenv("HOME", str(tmp_path / "home"))

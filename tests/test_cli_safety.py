@@ -391,3 +391,17 @@ def test_gen_into_a_folder_with_files_needs_overwrite(tmp_path, capsys):
     rc, _ = run_main(capsys, "gen", "ptychonn", str(out), "--samples", "8", "--size", "4", "--no-progress",
                      "--overwrite")
     assert rc == 0 and solar.load_layout(str(out)).n_samples == 8
+
+
+def test_sizes_beyond_memory_give_one_line(tmp_path, capsys, monkeypatch):
+    """A MemoryError (solar gen --size 99999 asks numpy for 1.75 TiB) ends with one line naming it, exit 2; here the
+    generator's allocation is made to fail, as it does on a machine that refuses it at once."""
+    import solar.cli.gen_cmd as gen_cmd
+
+    def refuse(*a, **k):  # numpy's own MemoryError subclass says the same
+        raise MemoryError("Unable to allocate 1.75 TiB for an array with shape (3, 16, 99999, 99999, 1) and data "
+                          "type float32")
+    monkeypatch.setattr(gen_cmd, "generate", refuse)
+    assert main(["gen", "ptychonn", str(tmp_path / "g"), "--samples", "16", "--size", "99999", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("solar gen: error: out of memory: Unable to allocate 1.75 TiB"), err

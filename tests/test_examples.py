@@ -292,6 +292,46 @@ def test_lightning_variant_trains_like_the_example(ptycho):
     assert got == pytest.approx(want, rel=1e-3), out[-2000:]
 
 
+def test_outputs_never_replace_what_the_job_reads(tmp_path):
+    """--checkpoint, --log-json and --plot onto the data's HDF5 file, its spec or the plan: refused before any
+    work, the files unchanged (a checkpoint once replaced the training data)."""
+    import glob
+    import hashlib
+
+    import solar
+    data = make_dataset(tmp_path, "ptychonn", samples=8, size=8)
+    h5 = sorted(glob.glob(os.path.join(data, "*.h5")))[0]
+    plan = str(tmp_path / "plan.h5")
+    solar.plan(data, world_size=1, local_batch=4, epochs=1, buffer_fraction=1.0, out=plan).close()
+    spec = os.path.join(data, "solar-layout.json")
+    digest = {f: hashlib.md5(open(f, "rb").read()).hexdigest() for f in (h5, plan, spec)}
+    for opt, target, why in (("--checkpoint", h5, "is an HDF5 file"), ("--log-json", spec, "which this job reads"),
+                             ("--checkpoint", plan, "which this job reads")):
+        r = subprocess.run([sys.executable, os.path.join(EXAMPLES, "train_ptychonn.py"), data, "--plan", plan,
+                            opt, target, "--epochs", "1"], cwd=tmp_path, env=_env(), capture_output=True, text=True,
+                           timeout=120, check=False)
+        assert r.returncode == 2 and why in r.stderr and "refusing to replace it" in r.stderr, r.stderr[-2000:]
+    assert digest == {f: hashlib.md5(open(f, "rb").read()).hexdigest() for f in digest}
+
+
+def test_lightning_variant_with_a_gpu_buffer_plan_and_no_gpu_says_so_in_one_line(tmp_path):
+    """A plan made with --device-buffer, run by the Lightning variant where there is no CUDA: one line naming what
+    to do and exit status 2, not a traceback."""
+    pytest.importorskip("lightning")
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available: the plan runs")
+    import solar
+    data = make_dataset(tmp_path, "ptychonn", samples=16, size=16)
+    plan = str(tmp_path / "dev.h5")
+    solar.plan(data, world_size=1, local_batch=4, epochs=1, device_buffer="1MiB", out=plan).close()
+    r = subprocess.run([sys.executable, os.path.join(EXAMPLES, "train_ptychonn_lightning.py"), plan, "--epochs", "1"],
+                       cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=180, check=False)
+    err = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert err[-1].startswith("train_ptychonn_lightning: error on rank 0: ") and "GPU memory" in err[-1], err
+
+
 def test_accelerate_variant_trains_and_resumes_like_the_example(ptycho):
     """train_ptychonn_accelerate.py (Accelerate's DDP on CPU, SolarDataset in an unprepared DataLoader) on the same
     schedule: stopped after STOP steps under `accelerate launch`, resumed from accelerator.save_state under torchrun;

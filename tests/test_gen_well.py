@@ -16,6 +16,7 @@ import h5py
 import numpy as np
 import pytest
 
+import solar
 from solar.cli import main
 from solar.errors import SpecError
 from solar.gen import GenConfig, generate
@@ -195,12 +196,16 @@ def test_stats_yaml_loads_the_same_in_pyyaml(well):
         assert yaml.safe_load(fh) == read_stats(path)
 
 
-def test_fewer_than_two_steps_is_refused(tmp_path, capsys):
-    with pytest.raises(SpecError, match="well needs --steps of at least 2 .*got 1"):
+def test_fewer_steps_than_a_window_is_refused(tmp_path, capsys):
+    """The spec's samples are windows of 5 frames: 4 frames a trajectory made a dataset its own spec refused."""
+    with pytest.raises(SpecError, match="well needs --steps of at least 5 .*got 1"):
         generate("well", str(tmp_path / "a"), GenConfig(samples=1, size=4, steps=1))
-    assert main(["gen", "well", str(tmp_path / "b"), "--steps", "1", "--size", "4", "--no-progress"]) == 2
+    assert main(["gen", "well", str(tmp_path / "b"), "--steps", "4", "--size", "4", "--no-progress"]) == 2
     err = capsys.readouterr().err
-    assert "solar gen: error: well needs --steps of at least 2" in err and "Traceback" not in err
+    assert "solar gen: error: well needs --steps of at least 5" in err and "Traceback" not in err
+    assert main(["gen", "well", str(tmp_path / "c"), "--steps", "5", "--size", "4", "--samples", "1",
+                 "--no-progress"]) == 0
+    assert solar.load_layout(str(tmp_path / "c")).n_samples > 0
 
 
 # ------------------------------------------------------------------ the real package, when installed

@@ -110,6 +110,21 @@ def test_solar_plan_in_an_sbatch_script_plans_node_buffers(tmp_path, data):
     assert s["nodes"] is None and err == ""
 
 
+def test_solar_plan_run_by_every_rank_of_a_job_plans_on_rank_0_only(tmp_path, data):
+    """`mpiexec -n 2 solar plan ... --json` (or srun): rank 0 plans, writes -o and prints one JSON document; the
+    other ranks write and print nothing (they planned and wrote the same file at once, and printed a second
+    document)."""
+    keep = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PMI_", "OMPI_", "MPI_", "PMIX_"))}
+    out = str(tmp_path / "rank1.h5")
+    r = subprocess.run([sys.executable, "-m", "solar", "plan", data, "-P", "2", "-b", "4", "--epochs", "2",
+                        "--buffer-fraction", "0.5", "-o", out, "--json"], capture_output=True, text=True, timeout=300,
+                       env={**keep, "PMI_SIZE": "2", "PMI_RANK": "1", "MPI_LOCALNRANKS": "2", "MPI_LOCALRANKID": "1"})
+    assert r.returncode == 0 and r.stdout == "" and r.stderr == "" and not os.path.exists(out), r.stderr
+    s, err = _plan(tmp_path, data, {"PMI_SIZE": "2", "PMI_RANK": "0", "MPI_LOCALNRANKS": "2",
+                                    "MPI_LOCALRANKID": "0"}, "--epochs", "2")
+    assert s["nodes"]["ranks_per_node"] == 2 and err.count("share one buffer") == 1
+
+
 def test_solar_plan_under_torchrun_says_what_a_node_plan_would_read(tmp_path, data):
     s, err = _plan(tmp_path, data, {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_WORLD_SIZE": "2"}, "--epochs", "2")
     assert s["nodes"] is None and "needs MPI" in err

@@ -62,6 +62,32 @@ def bench_schedule_path(layout, name: str = "", **job) -> str:
     return os.path.join(folder, fname)
 
 
+#: Root attribute of the schedules ``solar bench`` writes (not in the header checksum): the bench may replace them.
+BENCH_MARK = "written_by_solar_bench"
+
+
+def mark_as_bench(path: str) -> None:
+    """Mark the schedule at ``path`` as the bench's own (:func:`check_replaceable` lets a later bench replace it)."""
+    import h5py
+    with h5py.File(path, "r+", locking=False) as f:
+        f.attrs[BENCH_MARK] = True
+
+
+def check_replaceable(path: str) -> None:
+    """SolarError when ``--schedule PATH`` names a schedule the bench did not write (a user's plan): the bench
+    replaces only its own.  Other files are refused by the planner (:func:`solar.schedule.output.check_target`)."""
+    from ..errors import SolarError
+    from ..schedule.output import is_schedule
+    if not (os.path.isfile(path) and is_schedule(path)):
+        return
+    import h5py
+    with h5py.File(path, "r", locking=False) as f:
+        ours = bool(f.attrs.get(BENCH_MARK, False))
+    if not ours:
+        raise SolarError(f"--schedule {path} is a schedule that solar bench did not write (a plan of yours?); "
+                         "refusing to replace it: give a new path, or delete it first")
+
+
 def check_visible(comm, schedule: str) -> None:
     """Raise the same :class:`SolarError` on every rank when some rank cannot see the ``schedule`` rank 0
     wrote (a cache folder on a node-local disk).  Collective over ``comm``."""
@@ -163,6 +189,8 @@ def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fra
     t_start = time.perf_counter()
 
     def make_plan():
+        if schedule is not None:
+            check_replaceable(schedule)
         _say(log, f"reading the layout of {spec}")
         lay = load_layout(spec, progress=progress)
         job = dict(world_size=P, local_batch=local_batch, epochs=epochs, buffer_fraction=buffer_fraction,
@@ -177,6 +205,7 @@ def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fra
              buffer_per_rank=buffer_per_rank, seed=seed, out=path, progress=progress, policy=policy,
              ranks_per_node=ranks_per_node, peer_cost=peer_cost, reads_in_flight=reads_in_flight, parts=parts,
              neighbours=neighbours).close()
+        mark_as_bench(path)
         secs = time.perf_counter() - t0
         _say(log, f"schedule written to {path} in {secs:.1f} s")
         return path, secs

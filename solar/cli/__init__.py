@@ -45,6 +45,11 @@ def main(argv=None) -> int:
     except SolarError as exc:
         print(f"{prefix}: error: {exc}", file=sys.stderr)
         return 2
+    except MemoryError as exc:  # sizes beyond the machine (solar gen --size 99999, solar plan -P 10**9)
+        why = str(exc) or "an allocation failed"
+        print(f"{prefix}: error: out of memory: {why}; the sizes given need more memory than this process can "
+              "have", file=sys.stderr)
+        return 2
     except BrokenPipeError:
         _discard_stdout()
         return 128 + signal.SIGPIPE

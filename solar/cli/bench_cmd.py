@@ -7,9 +7,8 @@ import json
 import sys
 
 from ..memory import DEFAULT_PREFETCH
-from ..scheduler.config import parse_bytes
 from ..scheduler.policies import NODE_POLICIES
-from .argtypes import byte_size, positive_int, seconds
+from .argtypes import byte_size, epoch_count, fraction, non_negative_int, positive_int, seconds
 
 EPILOG = """\
 Run under MPI, one process per training rank:
@@ -65,13 +64,13 @@ def add_parser(sub):
                                    "DistributedSampler baselines (h5py, memmap), same file, epochs, batches and sampler.",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("spec", metavar="SPEC", help="layout spec, folder holding solar-layout.json, or HDF5 file")
-    p.add_argument("--epochs", type=int, default=3, help="epochs each loader runs (default 3)")
-    p.add_argument("-b", "--local-batch", type=int, default=32, help="samples per rank per step (default 32)")
+    p.add_argument("--epochs", type=epoch_count, default=3, help="epochs each loader runs (default 3)")
+    p.add_argument("-b", "--local-batch", type=positive_int, default=32, help="samples per rank per step (default 32)")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--buffer-fraction", type=float, help="aggregate buffer / dataset bytes (default 0.5)")
-    g.add_argument("--buffer-per-rank", type=parse_bytes, metavar="BYTES",
+    g.add_argument("--buffer-fraction", type=fraction, help="aggregate buffer / dataset bytes (default 0.5)")
+    g.add_argument("--buffer-per-rank", type=byte_size, metavar="BYTES",
                    help="solar's buffer per rank instead, e.g. 2GiB (the baselines get the same memory)")
-    p.add_argument("--seed", type=int, default=0, help="DistributedSampler / planner seed (default 0)")
+    p.add_argument("--seed", type=non_negative_int, default=0, help="DistributedSampler / planner seed (default 0)")
     p.add_argument("--cold", action="store_true", help="drop the page cache before each epoch")
     p.add_argument("--cache-mode", choices=("file", "system"), default="file",
                    help="with --cold: drop the dataset files' pages (default) or the whole page cache (root)")
@@ -103,27 +102,28 @@ def add_parser(sub):
                         "0.0005, SolarLoader's default; 0: Python's own, 0.005)")
     p.add_argument("--amp", choices=("auto", "none", "bf16"), default="auto",
                    help="--model conv: bf16 autocast or none; auto: bf16 on cuda, none on cpu")
-    p.add_argument("--num-workers", type=int, default=2, help="baseline DataLoader workers per rank")
+    p.add_argument("--num-workers", type=non_negative_int, default=2, help="baseline DataLoader workers per rank")
     p.add_argument("--baseline-time-limit", type=seconds, default=120.0, metavar="SECONDS",
                    help="stop a baseline's epoch after this long and take its rate over the samples it delivered "
                         "(marked partial; default 120; 0: whole epochs)")
     p.add_argument("--reader", help="solar reader backend (default: chosen for the layout and file system)")
-    p.add_argument("--threads", type=int, default=16, help="solar reader threads per rank (I/O depth)")
+    p.add_argument("--threads", type=positive_int, default=16, help="solar reader threads per rank (I/O depth)")
     p.add_argument("--reader-options", type=_json_dict, metavar="JSON",
                    help="options of solar's reader as a JSON object, e.g. '{\"direct_io\": true}' (pread: O_DIRECT)")
-    p.add_argument("--prefetch", type=int, default=DEFAULT_PREFETCH,
+    p.add_argument("--prefetch", type=positive_int, default=DEFAULT_PREFETCH,
                    help=f"assembled batches waiting ahead of the training loop (default {DEFAULT_PREFETCH}; reads run up to 4 steps further)")
     p.add_argument("--schedule", help="schedule file to write (default: in $SOLAR_CACHE_DIR/bench, "
-                                      "~/.cache/solar/bench when unset; every rank must see it)")
+                                      "~/.cache/solar/bench when unset; every rank must see it); replaces one an "
+                                      "earlier solar bench wrote, never a plan of yours")
     p.add_argument("--only", choices=("solar", "baseline"), help="run solar only, or the baselines only")
     p.add_argument("--baselines", type=_baselines, default=None,
                    help="comma-separated baselines to run (default: torch,memmap,h5py-cache,batched)")
     p.add_argument("--equal-memory", action="store_true",
                    help="limit every loader to the same memory, page cache included (memory cgroup; root)")
-    p.add_argument("--memory-allowance", type=parse_bytes, default=None,
+    p.add_argument("--memory-allowance", type=byte_size, default=None,
                    help="with --equal-memory: bytes per node on top of solar's buffers and each loader's own "
                         "processes as they start (default 256 MiB + 16 MiB per rank of the node)")
-    p.add_argument("--disk-depth", type=int, default=16, help="random reads in flight for the disk's limit")
+    p.add_argument("--disk-depth", type=positive_int, default=16, help="random reads in flight for the disk's limit")
     p.add_argument("--json", action="store_true", help="print the whole report as JSON on stdout")
     p.add_argument("--no-progress", dest="progress", action="store_false",
                    help="no progress on stderr (default: rank 0 says what it is doing, with --json too: bars on "
@@ -201,7 +201,7 @@ def run(args) -> int:
                             DEFAULT_STORAGE_BPS if args.storage_bandwidth is None else args.storage_bandwidth)
         if args.progress and comm.rank == 0:
             _progress_line(pool_note)
-        frac = args.buffer_fraction if args.buffer_fraction is not None or args.buffer_per_rank else 0.5
+        frac = args.buffer_fraction if args.buffer_fraction is not None or args.buffer_per_rank is not None else 0.5
         rep = bench(args.spec, comm=comm, epochs=args.epochs, local_batch=args.local_batch, buffer_fraction=frac,
                     buffer_per_rank=args.buffer_per_rank, seed=args.seed, cold=args.cold,
                     cache_mode=args.cache_mode, step_time=args.step_time, num_workers=args.num_workers,

@@ -117,6 +117,9 @@ def epochs_arg(text: str):
 def run(args) -> int:
     from ..schedule import plan
     from ..schedule.summary import format_schedule
+    from ..topology import detect
+    if detect().rank != 0:  # run by every rank of a job (mpiexec, srun): rank 0 plans, writes -o and prints
+        return 0
     epochs = args.epochs
     if args.resume_from is None:
         if args.local_batch is None:

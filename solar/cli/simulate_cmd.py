@@ -28,7 +28,7 @@ examples:
   solar simulate data/well -P 8 -b 4 --buffer-fraction 0.5 --ranks-per-node 2 --policies solar solar-peer ideal
 
 storage/epoch is what the policy reads from storage per epoch (stored, i.e. compressed, bytes), the mean
-over epochs >= 2; the hit rate counts decoded bytes, and a block received from another node is a hit
+over epochs 1 and later (numbered from 0); the hit rate counts decoded bytes, and a block received from another node is a hit
 (peer hit: the part of it that transfers serve; peer/epoch: decoded bytes sent between nodes).
 
 A policy that cannot run with a buffer (smaller than the blocks of one local batch; ideal: one global
@@ -52,7 +52,7 @@ def add_parser(sub):
     p.add_argument("-P", "--world-size", type=positive_int, required=True, help="number of training ranks")
     p.add_argument("-b", "--local-batch", type=positive_int, required=True, help="samples per rank per step")
     p.add_argument("--epochs", type=epoch_count, default=5,
-                   help="epochs to simulate (default 5; the steady figures are the mean over epochs >= 2)")
+                   help="epochs to simulate (default 5; the steady figures are the mean over epochs 1 and later, numbered from 0)")
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--buffer-per-rank", type=byte_size, nargs="+", help="bytes per rank (2GiB, 5e8, ...)")
     g.add_argument("--buffer-fraction", type=fraction, nargs="+", help="aggregate buffer / dataset bytes")

@@ -277,18 +277,23 @@ def _write_well_file(path: str, n_traj: int, T: int, nx: int, ny: int, tcool: fl
             bar.update(1)
 
 
+#: Frames of one sample of the well preset's spec (``n_steps_input`` 4 + ``n_steps_output`` 1, dt 1).
+WELL_WINDOW = 5
+
+
 def gen_well(outdir: str, cfg: GenConfig) -> LayoutSpec:
     """The Well: ``{name}/data/{train,valid,test}/turbulent_radiative_layer_tcool_{p:.2f}.hdf5``,
     one file per parameter, and ``{name}/stats.yaml`` computed over the train split.  The spec
     names the three splits (``solar plan --split valid``); it describes ``train`` by default.
 
     ``samples`` = trajectories per train file (valid/test get a quarter, at least 1);
-    ``steps`` = frames per trajectory, at least 2 (the statistics include frame differences).
+    ``steps`` = frames per trajectory, at least :data:`WELL_WINDOW` (the spec's windows of 4 + 1 frames).
     """
     n_traj = cfg.samples or 4
     T = cfg.steps or 101
-    if T < 2:
-        raise SpecError(f"well needs --steps of at least 2 (stats.yaml holds frame-to-frame statistics), got {T}")
+    if T < WELL_WINDOW:
+        raise SpecError(f"well needs --steps of at least {WELL_WINDOW} (the spec's samples are windows of "
+                        f"{WELL_WINDOW - 1} input frames and 1 output frame), got {T}")
     nx = cfg.size or 128
     ny = 3 * nx
     st = _storage(cfg, Storage())
@@ -306,7 +311,7 @@ def gen_well(outdir: str, cfg: GenConfig) -> LayoutSpec:
     text = well_stats_yaml(stats.table())
     write_atomic(os.path.join(outdir, WELL_NAME, WELL_STATS), lambda tmp: _write_text(tmp, text))
     splits = {split: (f"{WELL_NAME}/data/{split}/*.hdf5",) for split in WELL_SPLITS}
-    spec = LayoutSpec("windows", (), WELL_FIELDS, root=outdir, n_steps_input=4, n_steps_output=1, dt=1,
+    spec = LayoutSpec("windows", (), WELL_FIELDS, root=outdir, n_steps_input=WELL_WINDOW - 1, n_steps_output=1, dt=1,
                       name="well", splits=splits)
     _save_spec(spec, outdir)
     return spec

@@ -150,7 +150,7 @@ class PolicyResult:
 
     @property
     def steady_hit_rate(self) -> float:
-        """Hit rate over epochs >= 2 (all epochs if there is only one); a peer transfer is not a miss."""
+        """Hit rate over epochs 1 and later, numbered from 0 (epoch 0 if there is only one); a peer transfer is not a miss."""
         m, d = self.miss_bytes[1:] or self.miss_bytes, self.demand_bytes[1:] or self.demand_bytes
         return 1.0 - sum(m) / sum(d) if sum(d) else 0.0
 
@@ -162,7 +162,7 @@ class PolicyResult:
 
     @property
     def steady_peer_hit_rate(self) -> float:
-        """The part of :attr:`steady_hit_rate` served by peer transfers (epochs >= 2)."""
+        """The part of :attr:`steady_hit_rate` served by peer transfers (epochs >= 1)."""
         peer = self.peer_bytes or [0] * len(self.demand_bytes)
         p, d = peer[1:] or peer, self.demand_bytes[1:] or self.demand_bytes
         return sum(p) / sum(d) if sum(d) else 0.0

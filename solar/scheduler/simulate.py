@@ -95,7 +95,7 @@ def format_table(rows: List[dict]) -> str:
     lines = []
     for row in rows:
         lines.append(f"buffer fraction {row['fraction']:.3g} ({human_bytes(row['buffer_per_rank'])} per rank)")
-        lines.append(f"  {'policy':<11} {'steady hit':>10} {'vs ideal':>8} {'storage e0':>10} {'storage/epoch (e>=2)':>21} "
+        lines.append(f"  {'policy':<11} {'steady hit':>10} {'vs ideal':>8} {'storage e0':>10} {'storage/epoch (e>=1)':>21} "
                      f"{'peer hit':>8} {'peer/epoch':>10} {'local batch':>12} {'I/O max/mean':>12}  "
                      f"hit rate per epoch")
         ideal = row["results"].get("ideal", {}).get("steady_hit_rate")
@@ -136,7 +136,7 @@ def plot(rows: List[dict], path: str, title: str = ""):
         ys = [row["results"][name].get("steady_hit_rate", float("nan")) for row in rows]
         ax.plot(fr, ys, marker="o", label=name)
     ax.set_xlabel("aggregate buffer / dataset bytes")
-    ax.set_ylabel("steady-state hit rate (epochs >= 2)")
+    ax.set_ylabel("steady-state hit rate (epochs >= 1)")
     ax.set_xlim(0, max(1.0, max(fr)))
     ax.set_ylim(0, 1.0)
     ax.grid(alpha=0.3)
