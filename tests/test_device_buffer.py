@@ -317,3 +317,101 @@ def test_device_given_with_a_planned_gpu_buffer_is_where_the_batches_are(tmp_pat
     with SolarLoader(path, data, rank=0, cpus=1, device="cuda") as a:
         assert a.buffer_device == torch.device("cpu") and a.hooks.mover is None
         assert len(list(a)) == 4
+    # a GPU named by its index is where the buffer goes (not the rank's default GPU)
+    import solar.buffer.device_pools as dp
+    asked = []
+    monkeypatch.setattr(dp, "torch_device", lambda d: asked.append(str(d)) or torch.device("cpu"))
+    with SolarLoader(path, data, rank=0, cpus=1, device="cuda:1") as a:
+        assert asked[0] == "cuda:1" and a.hooks.mover is None
+        assert len(list(a)) == 4
+
+
+def test_a_buffer_device_of_another_kind_is_refused(tmp_path):
+    """Only CUDA and the CPU (standing in for a GPU) hold a buffer: other torch devices are refused by name when
+    the loader is built, not at the first batch (meta would hand out tensors without data)."""
+    from solar.buffer.device_pools import torch_device
+    for name in ("meta", "xpu", "mps", "hpu"):
+        with pytest.raises(solar.SpecError, match=f"not on '{name}'"):
+            torch_device(name)
+    data = make_dataset(tmp_path, "ptychonn", "contiguous", samples=8)
+    path = str(tmp_path / "plan.h5")
+    solar.plan(data, world_size=1, local_batch=2, epochs=1, buffer_fraction=1.0, out=path).close()
+    with pytest.raises(solar.SpecError, match="not on 'meta'"):
+        SolarLoader(path, data, buffer_device="meta")
+
+
+def test_host_staging_stays_within_the_host_budget_the_plan_was_made_for(tmp_path, monkeypatch):
+    """A device plan on parts of chunks (a step also loads the rows of its chunks that later steps use) with the
+    smallest host budget solar plan accepts: the host rows staged at once never exceed the plan's
+    host_staging_bytes (they reached 3.3x it before the loader booked steps by their staged bytes), and the
+    batches are the host path's."""
+    import weakref
+
+    import solar.buffer.device_pools as dp
+    from solar.memory import DEFAULT_IO_DEPTH, bookkeeping_bytes, demand_batch_bytes
+    data = make_dataset(tmp_path, "ptychonn", "gzip", samples=60)
+    probe = str(tmp_path / "probe.h5")
+    solar.plan(data, world_size=1, local_batch=4, epochs=2, device_buffer="64MiB", out=probe).close()
+    with solar.Schedule.load(probe) as s:
+        d = s.demand()
+        assert s.host_staging_bytes == 0 and s.summary()["parts_of_chunks"]
+    keep = bookkeeping_bytes(d["sample_ptr"].shape[0] - 1, d["block_nbytes"].shape[0], d["sample_blocks"].shape[0])
+    host = DEFAULT_IO_DEPTH * demand_batch_bytes(d["sample_ptr"], d["sample_blocks"], d["block_nbytes"], 4) + keep
+    path = str(tmp_path / "dev.h5")
+    solar.plan(data, world_size=1, local_batch=4, epochs=2, device_buffer="64MiB", buffer_per_rank=host,
+               out=path).close()
+    with pytest.raises(solar.SpecError, match="cannot stage a device buffer's reads"):
+        solar.plan(data, world_size=1, local_batch=4, epochs=2, device_buffer="64MiB", buffer_per_rank=host - 1,
+                   out=str(tmp_path / "small.h5")).close()
+    live, peak = {}, [0]
+    made = dp.DevicePools._host
+
+    def host_rows(self, rows, width):
+        t, v = made(self, rows, width)
+        live[id(t)] = rows * width
+        peak[0] = max(peak[0], sum(live.values()))
+        weakref.finalize(t, live.pop, id(t), None)
+        return t, v
+    monkeypatch.setattr(dp.DevicePools, "_host", host_rows)
+    ref = str(tmp_path / "host.h5")
+    solar.plan(data, world_size=1, local_batch=4, epochs=2, buffer_per_rank="64MiB", out=ref).close()
+    with SolarLoader(path, data, cpus=1, buffer_device="cpu") as dev, SolarLoader(ref, data, cpus=1) as hst:
+        limit = dev.schedule.host_staging_bytes
+        assert limit == host - keep
+        got, want = _epochs(dev, 2), _epochs(hst, 2)
+    loads = [int(ld.sum()) for ld in _step_load_bytes(path)]
+    assert max(loads) <= limit < sum(sorted(loads)[-2:])  # two steps' loads would not fit: the bound is tested
+    assert 0 < peak[0] <= limit, (peak[0], limit)
+    for i, (x, y) in enumerate(zip(got, want)):
+        _same({k: v for k, v in x.items() if k != "weight"}, {k: v for k, v in y.items() if k != "weight"}, i)
+
+
+def _step_load_bytes(path):
+    with solar.Schedule.load(path) as s:
+        p, nb = s.rank(0), s.demand()["block_nbytes"]
+        return [nb[np.asarray(p.load[p.load_ptr[g]:p.load_ptr[g + 1]], np.int64)] for g in range(s.n_steps)]
+
+
+def test_a_step_that_alone_loads_more_than_the_host_staging_is_refused_at_start():
+    from solar.buffer.rank_place import _check_steps_stage
+    from solar.buffer.steps import BufferError
+    nb = np.full(6, 100, np.int64)
+
+    class P:
+        rank, load, load_ptr = 0, np.arange(6), np.array([0, 2, 5, 6])
+    _check_steps_stage(P, nb, 0, 3, 300)
+    _check_steps_stage(P, nb, 2, 3, 100)  # from a resume at step 2: only its steps count
+    with pytest.raises(BufferError, match="step 1 of rank 0's plan loads 300 B, more than the 200 B"):
+        _check_steps_stage(P, nb, 0, 3, 200)
+
+
+def test_a_device_buffer_s_batches_pass_dataloader_s_pin_memory_step_as_they_are(tmp_path):
+    """DataLoader(pin_memory=True), as SolarDataset's docs show it, over a device plan: its pin step hands the
+    batch on untouched (pinning a CUDA tensor raises), the same dict with the same tensors."""
+    from torch.utils.data._utils.pin_memory import pin_memory
+    data = make_dataset(tmp_path, "ptychonn", "contiguous", samples=8)
+    path = str(tmp_path / "plan.h5")
+    solar.plan(data, world_size=1, local_batch=4, epochs=1, device_buffer="1MiB", out=path).close()
+    with SolarLoader(path, data, cpus=1, buffer_device="cpu") as dev:
+        b = next(iter(dev))
+        assert pin_memory(b) is b and isinstance(b, dict)

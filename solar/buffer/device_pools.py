@@ -33,19 +33,37 @@ from .pool import SlotPools
 
 
 def torch_device(device):
-    """``device`` as a ``torch.device``; a SpecError for a name torch does not know or a CUDA device without CUDA."""
+    """``device`` as a ``torch.device``; a SpecError for a name torch does not know, a type other than CUDA and the
+    CPU, or a CUDA device without CUDA."""
     import torch
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as exc:
         raise SpecError(f"buffer_device {device!r} is not a torch device: {exc}") from None
+    if dev.type not in ("cuda", "cpu"):
+        raise SpecError(f"buffer_device {device!r}: a buffer is kept on a CUDA device, or on the CPU (standing in "
+                        f"for one); not on {dev.type!r}")
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             raise SpecError(f"buffer_device {device!r}: CUDA is not available in this process")
         if dev.index is None:  # the rank's GPU, as init_distributed picks it: local rank mod the GPUs seen
             from ..topology import detect
             dev = torch.device("cuda", detect().local_rank % torch.cuda.device_count())
+        elif dev.index >= torch.cuda.device_count():
+            raise SpecError(f"buffer_device {device!r}: this process sees {torch.cuda.device_count()} CUDA "
+                            "device(s)")
     return dev
+
+
+class OnDevice(dict):
+    """A batch dict whose tensors are on the device already (a device buffer's): ``DataLoader(pin_memory=True)``
+    passes it through as it is (its pin step calls :meth:`pin_memory`, where pinning each tensor would fail: torch
+    pins CPU tensors only), so a dataset of a device plan needs no other DataLoader options than a host plan's."""
+
+    __slots__ = ()
+
+    def pin_memory(self, device=None):
+        return self
 
 
 class DeviceBatch:
@@ -65,7 +83,7 @@ class DeviceBatch:
             stream.wait_event(self.event)
             for t in self.fields.values():
                 t.record_stream(stream)
-        return {**self.fields, **self.host}
+        return OnDevice({**self.fields, **self.host})
 
 
 class DevicePools(SlotPools):

@@ -57,7 +57,8 @@ class BufferManager:
 
     ``place``: where the pools live: None, process memory; a torch device (``"cuda"``, or ``"cpu"`` standing in
     for one in tests), :class:`~solar.buffer.device_pools.DevicePools` there: misses are read into host staging
-    rows and copied to their slots once read (before the step is assembled), and ``assemble`` gets the step's
+    rows (at most ``staging_limit`` bytes of them at once where it is not 0: a device plan's host budget) and
+    copied to their slots once read (before the step is assembled), and ``assemble`` gets the step's
     blocks on the device (its ``lookup.pools.on_device`` is True).  A node's shared pools:
     :class:`~solar.buffer.node_manager.NodeBufferManager`.
     """
@@ -67,14 +68,14 @@ class BufferManager:
     def __init__(self, rank_plan, demand: Dict[str, np.ndarray], reader, assemble: Callable[..., Any], *,
                  budget: int, prefetch: int = DEFAULT_PREFETCH, start: int = 0, stop: Optional[int] = None,
                  keep_step_stats: int = KEEP_STEP_STATS, verify: bool = True, fence: Optional[int] = None,
-                 io_depth: int = DEFAULT_IO_DEPTH, batch_bytes: int = 0, place=None):
+                 io_depth: int = DEFAULT_IO_DEPTH, batch_bytes: int = 0, place=None, staging_limit: int = 0):
         self.verify = verify
         # before the place: its pools are faulted in from then on, which holds thread starts up
         self._start_threads(reader, steps_in_flight(reader, io_depth), f"solar-io-r{rank_plan.rank}")
         try:
             place = RankPlace(rank_plan, demand, reader, budget=budget, prefetch=prefetch, start=start, stop=stop,
                               keep_step_stats=keep_step_stats, io_depth=io_depth, batch_bytes=batch_bytes,
-                              device=place)
+                              device=place, staging_limit=staging_limit)
         except BaseException:
             self._stop_io()
             raise
@@ -251,6 +252,7 @@ class BufferManager:
                     for f in item.wakes:  # a place that polls wakes as soon as its own reads are in
                         f.add_done_callback(self._wake)
                     booked.append(item)
+                    item = None  # (not kept past its assembly: a device buffer's staged rows go with it)
                     g_book += 1
                     progressed = True
                 elif ahead and refused_at is None:

@@ -26,14 +26,17 @@ WARMUP_STAGING = 256 << 20
 
 class RankPlace:
     """The pools of rank ``rank_plan.rank`` and the bookkeeping of its plan; ``device``: None (process
-    memory) or a torch device for :class:`~solar.buffer.device_pools.DevicePools`."""
+    memory) or a torch device for :class:`~solar.buffer.device_pools.DevicePools`.  ``staging_limit`` (device
+    pools; 0: none): host bytes of misses staged at once (steps whose reads are in flight), a device plan's host
+    budget (:attr:`~solar.schedule.Schedule.host_staging_bytes`): a step is booked once the staged steps before
+    it leave it room, and a plan with a step that alone loads more is refused at start."""
 
     error_cls, what, kind = BufferError, "buffer manager", ""
     totals_cls = BufferTotals
     closed = ran_all = False  # (a node's place frees its window once; this one's pools go with it)
 
     def __init__(self, rank_plan, demand: Dict[str, np.ndarray], reader, *, budget: int, prefetch: int, start: int,
-                 stop, keep_step_stats, io_depth: int, batch_bytes: int, device=None):
+                 stop, keep_step_stats, io_depth: int, batch_bytes: int, device=None, staging_limit: int = 0):
         if prefetch < 1:
             raise BufferError(f"prefetch must be >= 1 step, got {prefetch}")
         self.plan, self.reader, self.rank = rank_plan, reader, rank_plan.rank
@@ -70,6 +73,10 @@ class RankPlace:
         self._step = None                  # the plan's step being booked (its evictions done)
         self._alloc_for = None             # (step, load, views, pending): its slots taken, its reads not submitted
         self._refused = -1                 # the last step whose slots did not fit yet (waits for a step to assemble)
+        self.staging_limit = int(staging_limit) if getattr(self.pools, "on_device", False) else 0
+        self._staged: Dict[int, int] = {}  # step -> host bytes of its misses staged (device pools), until committed
+        if self.staging_limit:
+            _check_steps_stage(rank_plan, self.block_nbytes, self.start, self.stop, self.staging_limit)
 
     @property
     def resident_bytes(self) -> int:
@@ -89,7 +96,7 @@ class RankPlace:
         self.warmup = {"blocks": int(blocks.shape[0]), "skipped": int((~need).sum()), "bytes_read": 0}
         # device pools stage their reads on the host: in parts of at most WARMUP_STAGING bytes, not all at once
         parts = [blocks] if not getattr(self.pools, "on_device", False) else \
-            _parts_of(blocks, self.block_nbytes[blocks], WARMUP_STAGING)
+            _parts_of(blocks, self.block_nbytes[blocks], min(WARMUP_STAGING, self.staging_limit or WARMUP_STAGING))
         for part in parts:
             views, pending = self._alloc(part)
             self.warmup["bytes_read"] += int(self.reader.read_blocks(part, views).bytes_read)
@@ -107,6 +114,7 @@ class RankPlace:
         st.read_s = time.perf_counter() - item.t0
         st.bytes_read, st.n_reads = rs.bytes_read, rs.n_reads
         self._commit(item.pending)  # device pools: the step's misses into their slots, queued before its gather
+        self._staged.pop(item.g, None)  # (its staging rows go back to the host allocator once the copies are done)
 
     def assembled(self, g: int):
         self._assembled = g
@@ -130,6 +138,10 @@ class RankPlace:
                 b = int(load[(self.slot_of[load] >= 0) | self._ghost[load]][0])
                 raise BufferError(f"step {g}: the plan loads block {b}, which is already resident (damaged plan?)")
             check_distinct(g, load, "loads")
+            staged = int(self.block_nbytes[load].sum()) if self.staging_limit else 0
+            if staged and booked and sum(self._staged.values()) + staged > self.staging_limit:
+                self._refused = g  # the host staging is full: wait for the steps in flight to be committed
+                return False
             try:
                 self._alloc_for = (g, load) + self._alloc(load)
             except MemoryError:
@@ -137,6 +149,8 @@ class RankPlace:
                     raise
                 self._refused = g
                 return False
+            if staged:
+                self._staged[g] = staged
         return True
 
     def book(self, g: int, io) -> Booked:
@@ -223,6 +237,22 @@ class RankPlace:
     def _commit(self, pending) -> None:
         if pending:
             self.pools.commit(pending)
+
+
+def _check_steps_stage(rank_plan, block_nbytes: np.ndarray, start: int, stop: int, limit: int) -> None:
+    """BufferError when a step in ``[start, stop)`` of ``rank_plan`` loads more than ``limit`` host staging bytes on
+    its own (a device plan whose host budget is too small for it)."""
+    load, ptr = np.asarray(rank_plan.load, np.int64), np.asarray(rank_plan.load_ptr, np.int64)
+    if not load.shape[0] or stop <= start:
+        return
+    csum = np.concatenate(([0], np.cumsum(block_nbytes[load])))
+    per = csum[ptr[start + 1:stop + 1]] - csum[ptr[start:stop]]
+    if int(per.max(initial=0)) > limit:
+        from ..layout.summary import human_bytes as hb
+        g = start + int(per.argmax())
+        raise BufferError(f"step {g} of rank {rank_plan.rank}'s plan loads {hb(int(per.max()))}, more than the "
+                          f"{hb(limit)} its plan may stage on the host for the device buffer (solar plan "
+                          "--device-buffer with --buffer-per-rank): plan again with a larger --buffer-per-rank")
 
 
 def steps_in_flight(reader, io_depth: int) -> int:

@@ -189,7 +189,11 @@ class SolarLoader:
             if buffer_device is None and self.schedule.buffer_place == "device":  # solar plan --device-buffer
                 buffer_device = _planned_device(self.schedule)
                 if device is not None and _device_type(device) == "cuda":
-                    device = None  # asked for the GPU: the planned buffer's batches are there already
+                    # asked for the GPU: the planned buffer's batches are made there already; a GPU named by
+                    # its index (device="cuda:1") is where the buffer goes
+                    if _device_index(device) is not None:
+                        buffer_device = device
+                    device = None
             self.buffer_device = _check_buffer_device(buffer_device, self.nodes, as_torch, device, transform,
                                                       sample_transform)
             if cpus is None:  # the rank's share of the cores it may run on (affinity / ranks on the node)
@@ -299,7 +303,7 @@ class SolarLoader:
         self.buffer = BufferManager(plan, self.demand, self.reader, self._assemble,
                                     budget=self.schedule.memory_budget, prefetch=self.prefetch, start=self.cursor,
                                     verify=self.verify, fence=fence, batch_bytes=self.batch_bytes,
-                                    place=self.buffer_device)
+                                    place=self.buffer_device, staging_limit=self.schedule.host_staging_bytes)
 
     def prepare(self) -> float:
         """Build the buffer now, before the first batch: its pools allocated (a rank's own are faulted in by a
@@ -358,7 +362,8 @@ class SolarLoader:
     @staticmethod
     def _to_torch(out: dict) -> dict:
         import torch
-        res = {}
+        from ..buffer.device_pools import OnDevice
+        res = OnDevice() if isinstance(out, OnDevice) else {}  # (a device buffer's batch stays one)
         for k, v in out.items():
             if isinstance(v, np.ndarray):
                 res[k] = torch.from_numpy(v)
@@ -472,6 +477,15 @@ def _device_type(device) -> str:
         return torch.device(device).type
     except (RuntimeError, TypeError):
         return ""
+
+
+def _device_index(device):
+    """The index of a device given as text or ``torch.device`` (None without one, or if torch cannot read it)."""
+    import torch
+    try:
+        return torch.device(device).index
+    except (RuntimeError, TypeError):
+        return None
 
 
 def _planned_device(schedule) -> str:

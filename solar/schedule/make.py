@@ -5,6 +5,8 @@ import numbers
 import os
 from typing import Optional, Tuple, Union
 
+import numpy as np
+
 from ..errors import SpecError
 from ..memory import (DEFAULT_IO_DEPTH, bookkeeping_bytes, check_reads_in_flight, demand_batch_bytes, largest_batch,
                       plan_budgets)
@@ -150,22 +152,24 @@ def plan(data: Union[str, "Demand", object], *, world_size: int, local_batch: Op
     epsilon = check_epsilon(0.0 if epsilon is None else epsilon)  # before the budget, which uses it
     drop_last = check_drop_last(bool(drop_last) if drop_last is None else drop_last)
     resident, ahead = plan_budgets(budget, demand, local_batch, epsilon, None if data is demand else data, reads)
-    cfg = PlanConfig(world_size, local_batch, epochs, resident, seed=0 if seed is None else seed,
-                     drop_last=bool(drop_last), epsilon=epsilon)
-    if host_budget is not None:
-        _check_staging(host_budget, demand, local_batch, epsilon)
-    S = steps_per_epoch(demand.n_samples, world_size, local_batch, cfg.drop_last)
+    seed, drop_last = 0 if seed is None else seed, bool(drop_last)
+    staging = 0 if host_budget is None else _check_staging(host_budget, demand, local_batch, epsilon)
+    S = steps_per_epoch(demand.n_samples, world_size, local_batch, drop_last)
     node_args = {} if nodes is None else {"nodes": nodes[0], "cost": nodes[1]}
     if window > 0 and data is demand and demand.has_parts:  # the file would not hold the extents: the loader
         raise SpecError("an open-ended plan of a Demand with block_extent (parts of chunks): the schedule file "  # could
                         "does not store the extents the loader needs to plan the next windows; plan from the "  # not
                         "layout (a path or a Layout), or give a number of epochs")  # plan its next windows
-    run = PlanRun(demand, cfg, pol, record=True, open_ended=window > 0, **node_args)  # before the file
-    w = ScheduleWriter(out, demand, cfg, pol.name, S, source=source, layout=None if data is demand else data,
-                       window=window, nodes=nodes, buffer_place="host" if device_buffer is None else "device",
-                       read_ahead_bytes=ahead)
-    try:
+
+    def make(res: int, slack: int) -> Schedule:
+        cfg = PlanConfig(world_size, local_batch, epochs, res, seed=seed, drop_last=drop_last, epsilon=epsilon)
+        run = PlanRun(demand, cfg, pol, record=True, open_ended=window > 0, **node_args)  # before the file
+        w = ScheduleWriter(out, demand, cfg, pol.name, S, source=source, layout=None if data is demand else data,
+                           window=window, nodes=nodes, buffer_place="host" if device_buffer is None else "device",
+                           read_ahead_bytes=ahead, host_staging_bytes=staging, pool_slack_bytes=slack)
         return _write(w, out, lambda: run.advance(cfg.epochs, on_epoch=w.add_epoch, progress=progress))
+    try:
+        return _fitting_pools(make, resident, demand.block_nbytes)
     except BufferTooSmall as exc:  # its figure is the residency: say what the rest of the rank's budget holds
         if budget == resident:
             raise
@@ -218,10 +222,11 @@ def _bytes_arg(name: str, v) -> int:
     return n
 
 
-def _check_staging(host_budget: int, demand, local_batch: int, epsilon: float) -> None:
-    """SpecError when a device plan's host side does not fit ``host_budget``: the misses of up to
-    :data:`~solar.memory.DEFAULT_IO_DEPTH` steps staged on the host (at most a local batch's blocks each) and the
-    bookkeeping."""
+def _check_staging(host_budget: int, demand, local_batch: int, epsilon: float) -> int:
+    """The bytes a device plan's host side may stage (``host_budget`` less the bookkeeping); SpecError when that
+    does not hold the misses of :data:`~solar.memory.DEFAULT_IO_DEPTH` steps of a local batch's blocks each.  A
+    step that loads more (a plan on parts of chunks, or with neighbours, loads blocks for later steps too) is
+    staged within it all the same: the loader then keeps fewer steps of reads in flight."""
     n = largest_batch(local_batch, epsilon)
     step = demand_batch_bytes(demand.sample_ptr, demand.sample_blocks, demand.block_nbytes, n)
     keep = bookkeeping_bytes(demand.n_samples, demand.n_blocks, len(demand.sample_blocks))
@@ -232,6 +237,7 @@ def _check_staging(host_budget: int, demand, local_batch: int, epsilon: float) -
                         f"{DEFAULT_IO_DEPTH} steps of misses ({hb(step)} each at most, a local batch of {n} samples' "
                         f"blocks) and {hb(keep)} of bookkeeping take {hb(need)}; raise buffer_per_rank or lower the "
                         "local batch")
+    return int(host_budget - keep)
 
 
 def _plan_resumed(data, state, *, world_size: int, local_batch, epochs, buffer_per_rank, buffer_fraction, seed,
@@ -261,13 +267,59 @@ def _plan_resumed(data, state, *, world_size: int, local_batch, epochs, buffer_p
     budget = buffer_bytes(demand, world_size, buffer_per_rank, buffer_fraction)
     resident, ahead = plan_budgets(budget, demand, job.local_batch, job.epsilon, None if data is demand else data,
                                    reads)
-    cfg = PlanConfig(world_size, job.local_batch, job.epochs, resident, seed=job.seed, drop_last=job.drop_last,
-                     epsilon=job.epsilon)
     node_args = {} if nodes is None else {"nodes": nodes[0], "cost": nodes[1]}
-    run = elastic.ResumedRun(demand, cfg, pol, job.point, **node_args)  # before the file: SpecError leaves none
-    w = ScheduleWriter(out, demand, cfg, pol.name, run.S, source=source, layout=None if data is demand else data,
-                       resume=job.record, nodes=nodes, read_ahead_bytes=ahead)
-    return _write(w, out, lambda: run.advance(w.add_epoch, progress=progress))
+
+    def make(res: int, slack: int) -> Schedule:
+        cfg = PlanConfig(world_size, job.local_batch, job.epochs, res, seed=job.seed, drop_last=job.drop_last,
+                         epsilon=job.epsilon)
+        run = elastic.ResumedRun(demand, cfg, pol, job.point, **node_args)  # before the file: SpecError leaves none
+        w = ScheduleWriter(out, demand, cfg, pol.name, run.S, source=source, layout=None if data is demand else data,
+                           resume=job.record, nodes=nodes, read_ahead_bytes=ahead, pool_slack_bytes=slack)
+        return _write(w, out, lambda: run.advance(w.add_epoch, progress=progress))
+    return _fitting_pools(make, resident, demand.block_nbytes)
+
+
+#: Plans made at most by :func:`_fitting_pools` (the first and the re-plans with less residency).
+FIT_ATTEMPTS = 4
+
+
+def _fitting_pools(make, resident: int, block_nbytes) -> Schedule:
+    """``make(residency, slack)`` (a plan written, open), planned again with ``slack`` bytes less residency while
+    a rank's (or node's) pools do not fit the memory it was planned for.
+
+    A pool holds, per block size, the most blocks of that size resident at once (:mod:`solar.memory`); where
+    blocks of several sizes peak at different steps (whole chunks of fields chunked differently), those peaks
+    add up to more than the plan's own peak, which the planner keeps within the residency budget, and the loader
+    would refuse the plan.  The bytes held back are stored (``pool_slack_bytes``), so the memory the loader
+    checks is the user's budget still.  One block size: planned once, as before."""
+    from ..memory import size_classes
+    s = make(resident, 0)
+    if size_classes(np.asarray(block_nbytes, np.int64))[1].shape[0] < 2:
+        return s
+    slack = 0
+    for _ in range(FIT_ATTEMPTS - 1):
+        over = _pools_over(s)
+        if over <= 0:
+            return s
+        s.close()
+        slack += over + (resident - slack) // 64  # a little more: the next plan's peaks move too
+        if slack >= resident:
+            break
+        s = make(resident - slack, slack)
+    return s  # (still over: the loader refuses it naming the figures, and solar plan prints them)
+
+
+def _pools_over(s: Schedule) -> int:
+    """Bytes per rank by which the rank (or node) of ``s`` that needs most is over the memory it was planned for
+    (<= 0: within it): its pools for the residency, batches and bookkeeping against its limit, with the loader's
+    defaults (:func:`solar.schedule.memory.schedule_memory_summary`; slots for reads in flight get what is left)."""
+    from .memory import schedule_memory_summary
+    m = schedule_memory_summary(s)
+    if "error" in m:
+        return 0
+    over = int(m["resident"]) + int(m["batches"]) + int(m["bookkeeping"]) - int(m["limit"])
+    L = int(m.get("ranks_per_node", 1)) if m.get("per_node") else 1
+    return -(-over // L)
 
 
 def _policy(name: str, node_pools: bool = False):

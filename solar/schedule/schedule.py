@@ -119,6 +119,11 @@ class Schedule:
         #: memory per rank held for reads in flight beyond the one batch every plan keeps (``solar plan
         #: --reads-in-flight``); the loader's pools get it on top of the residency budget
         self.read_ahead_bytes = checks.attr_int(a, "read_ahead_bytes", 0, 2**62) if "read_ahead_bytes" in a else 0
+        #: memory per rank held back from the residency so that pools of several block sizes fit (solar.plan)
+        self.pool_slack_bytes = checks.attr_int(a, "pool_slack_bytes", 0, 2**62) if "pool_slack_bytes" in a else 0
+        #: a device plan's host memory per rank for misses staged on their way to the device (0: not bounded)
+        self.host_staging_bytes = checks.attr_int(a, "host_staging_bytes", 1, 2**62) \
+            if "host_staging_bytes" in a else 0
         #: bytes of a run of neighbouring blocks the plan read together (:mod:`solar.layout.runs`); 0: none
         self.neighbour_run_bytes = checks.attr_int(a, "neighbour_run_bytes", 1, 2**40) \
             if "neighbour_run_bytes" in a else 0
@@ -305,9 +310,10 @@ class Schedule:
 
     @property
     def memory_budget(self) -> int:
-        """The residency budget plus the plan's memory for more reads in flight (:attr:`read_ahead_bytes`): what a
-        rank's memory model (:func:`solar.memory.memory_need`) takes as its budget."""
-        return self.config.buffer_bytes + self.read_ahead_bytes
+        """The residency budget plus the plan's memory for more reads in flight (:attr:`read_ahead_bytes`) and the
+        pools' slack (:attr:`pool_slack_bytes`): what a rank's memory model (:func:`solar.memory.memory_need`) takes
+        as its budget."""
+        return self.config.buffer_bytes + self.read_ahead_bytes + self.pool_slack_bytes
 
     @property
     def n_steps(self) -> int:
@@ -569,6 +575,7 @@ class Schedule:
                 "format_version": self.version, "config": self.config.to_dict(), "layout_bytes": self.layout_bytes,
                 "open_ended": self.open_ended, "window": self.window, "resume": self.resume,
                 "buffer_place": self.buffer_place, "read_ahead_bytes": self.read_ahead_bytes,
+                "host_staging_bytes": self.host_staging_bytes, "pool_slack_bytes": self.pool_slack_bytes,
                 "nodes": None if self.nodes is None else {"ranks_per_node": self.nodes.ranks_per_node,
                                                           "n_nodes": self.nodes.n_nodes, **self.peer_cost.to_dict()},
                 "n_samples": self.n_samples, "n_blocks": self.n_blocks, "steps_per_epoch": self.steps_per_epoch,

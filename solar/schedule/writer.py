@@ -44,6 +44,15 @@ class ScheduleWriter:
     keeps (``solar plan --reads-in-flight``): the root attribute ``read_ahead_bytes`` (absent: 0), which the
     loader adds to the residency budget for its pools' slots for reads in flight; not in ``header_sha256``
     (where reads land, not what is read).
+    ``pool_slack_bytes``: memory per rank (per node's rank in a node plan) held back from the residency so that
+    the pools fit the budget: a pool has slots per block size, as many as that size's own peak, and where several
+    sizes peak at different steps those peaks add up to more than the plan's peak (:func:`solar.plan` plans again
+    with less residency then): the root attribute ``pool_slack_bytes`` (absent: 0), which the loader adds to the
+    residency budget as it adds ``read_ahead_bytes``; not in ``header_sha256``.
+    ``host_staging_bytes``: a device plan's host memory per rank for the misses staged on their way to the device
+    (the host budget less the bookkeeping; ``solar plan --device-buffer`` with ``--buffer-per-rank``): the root
+    attribute ``host_staging_bytes`` (absent: not bounded), which the loader keeps its staged reads within; not
+    in ``header_sha256``.
     ``demand.extent_runs``: planned with runs of neighbouring blocks (:mod:`solar.layout.runs`): the root
     attribute ``neighbour_run_bytes`` (absent: none) is the run size, so that a loader planning the next windows
     of an open-ended plan cuts the same runs; not in ``header_sha256`` (the epochs, checksummed, say what is
@@ -52,13 +61,20 @@ class ScheduleWriter:
 
     def __init__(self, path: Optional[str], demand: Demand, cfg: PlanConfig, policy: str, steps_per_epoch: int,
                  source: str = "", flush_bytes: int = 256 << 20, layout=None, window: int = 0,
-                 resume: Optional[dict] = None, nodes=None, buffer_place: str = "host", read_ahead_bytes: int = 0):
+                 resume: Optional[dict] = None, nodes=None, buffer_place: str = "host", read_ahead_bytes: int = 0,
+                 host_staging_bytes: int = 0, pool_slack_bytes: int = 0):
         self.path, self.cfg, self.S, self.window = path, cfg, steps_per_epoch, int(window)
         if buffer_place not in ("host", "device"):
             raise ValueError(f"buffer_place must be 'host' or 'device', got {buffer_place!r}")
         if isinstance(read_ahead_bytes, bool) or not isinstance(read_ahead_bytes, int) or read_ahead_bytes < 0:
             raise ValueError(f"read_ahead_bytes must be an integer >= 0, got {read_ahead_bytes!r}")
+        if isinstance(host_staging_bytes, bool) or not isinstance(host_staging_bytes, int) or host_staging_bytes < 0:
+            raise ValueError(f"host_staging_bytes must be an integer >= 0, got {host_staging_bytes!r}")
         self.buffer_place, self.read_ahead_bytes = buffer_place, read_ahead_bytes
+        self.host_staging_bytes = host_staging_bytes
+        if isinstance(pool_slack_bytes, bool) or not isinstance(pool_slack_bytes, int) or pool_slack_bytes < 0:
+            raise ValueError(f"pool_slack_bytes must be an integer >= 0, got {pool_slack_bytes!r}")
+        self.pool_slack_bytes = pool_slack_bytes
         self.resume = resume
         self.nodes, self.cost = nodes if nodes is not None else (None, None)
         if resume is not None and self.window:
@@ -107,6 +123,10 @@ class ScheduleWriter:
             put_text(a, "buffer_place", self.buffer_place)
         if self.read_ahead_bytes:
             a["read_ahead_bytes"] = np.int64(self.read_ahead_bytes)
+        if self.host_staging_bytes:
+            a["host_staging_bytes"] = np.int64(self.host_staging_bytes)
+        if self.pool_slack_bytes:
+            a["pool_slack_bytes"] = np.int64(self.pool_slack_bytes)
         if demand.extent_runs:  # planned with runs of neighbours: the loader cuts the same runs to plan on
             from ..layout.runs import RUN_BYTES
             a["neighbour_run_bytes"] = np.int64(RUN_BYTES)
