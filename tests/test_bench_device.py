@@ -36,8 +36,10 @@ def test_bench_conv_step_reports_au_for_every_loader(comm, shared_tmp):
         assert len(eps) == 2
         for e, ep in enumerate(eps):
             assert ep["au"] > 0 and ep["au_min"] <= ep["au"] and ep["device_only_s"] > 0, (name, ep)
-            assert ep["gpu_wait_fraction"] == pytest.approx(1 - ep["au"])
-            assert rep["au"][name][e] == ep["au"] and rep["gpu_wait_fraction"][name][e] == pytest.approx(1 - ep["au"])
+            # (au may pass 1 on this busy VM: the device-only steps, timed after the epoch, took longer)
+            assert ep["gpu_wait_fraction"] == pytest.approx(max(0.0, 1 - ep["au"]))
+            assert rep["au"][name][e] == ep["au"]
+            assert rep["gpu_wait_fraction"][name][e] == pytest.approx(max(0.0, 1 - ep["au"]))
     assert rep["baselines"]["torch"]["au"] == [ep["au"] for ep in rep["baselines"]["torch"]["epochs"]]
     text = format_report(rep)
     assert "training step: conv net" in text and "au = device-only time" in text
@@ -203,3 +205,18 @@ def test_a_gpu_buffer_needs_the_gpu_device(tmp_path, capsys):
     data = make_dataset(tmp_path, "ptychonn", "contiguous", samples=8)
     assert main(["bench", data, "--buffer-device", "cuda", "--no-abort-on-error", "--no-progress"]) == 2
     assert "--buffer-device cuda needs --device cuda" in capsys.readouterr().err
+
+
+def test_au_above_1_is_said_not_hidden():
+    """An epoch whose device-only steps took longer than the epoch (au > 1: the host's speed moved) keeps its au,
+    waits 0, and the report names it with one line saying why."""
+    from solar.bench.report import _ratios
+    rep = {"epochs": 2, "solar": {"epochs": [{"samples_per_s": 10.0, "au": 1.3}, {"samples_per_s": 10.0, "au": 0.6}]},
+           "baselines": {"torch": {"epochs": [{"samples_per_s": 5.0, "au": 0.5}, {"samples_per_s": 5.0, "au": 1.05}]}}}
+    try:
+        _ratios(rep)
+    except KeyError:  # the disk figures this minimal report lacks come after the au figures
+        pass
+    assert rep["au"] == {"solar": [1.3, 0.6], "torch": [0.5, 1.05]}
+    assert rep["gpu_wait_fraction"]["solar"] == [0.0, pytest.approx(0.4)]
+    assert rep["au_above_1"] == [["solar", 0], ["torch", 1]]

@@ -247,7 +247,7 @@ def test_a_plan_for_a_device_buffer(tmp_path, capsys):
                  "--buffer-per-rank", "1KiB", "-o", str(tmp_path / "x.h5")]) == 2
     assert "cannot stage a device buffer's reads" in capsys.readouterr().err
     for extra, why in ((["--buffer-fraction", "0.5"], "the device budget is in bytes"),
-                       (["--ranks-per-node", "2"], "not with ranks_per_node")):
+                       (["--ranks-per-node", "2"], "--device-buffer plans one buffer per rank on its GPU: not with --ranks-per-node")):
         assert main(["plan", data, "-P", "2", "-b", "3", "--epochs", "2", "--device-buffer", "300KiB", *extra,
                      "-o", str(tmp_path / "y.h5")]) == 2
         assert why in capsys.readouterr().err

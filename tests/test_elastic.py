@@ -228,7 +228,7 @@ def test_resume_attribute_is_checksummed_and_checked(tmp_path):
     (dict(world_size=4), r"6 \(2 ranks x 3\) cannot be split over 4 ranks"),
     (dict(world_size=3, seed=1), "seed 1 differs from the checkpointed job's 0"),
     (dict(world_size=3, drop_last=True), "drop_last True differs from the checkpointed job's False"),
-    (dict(world_size=3, epochs=1), "after the job's 1 epochs: nothing left to train"),
+    (dict(world_size=3, epochs=1), "after the job's 1 epoch: nothing left to train"),
     (dict(world_size=3, epochs="auto"), "give epochs=N"),
     (dict(world_size=3, policy="solar2023"), "policy 'solar2023' orders epochs 'greedy'"),
     (dict(world_size=3, window=2), "a resumed job is planned for a fixed number of epochs"),

@@ -148,6 +148,24 @@ def test_overwrite_replaces_a_spec(tmp_path, capsys):
     assert [p.name for p in tmp_path.iterdir() if ".tmp-" in p.name] == []
 
 
+def test_small_root_arrays_beside_larger_data_in_groups_are_not_taken_silently(tmp_path):
+    """Rows of the root arrays is the rule for a bare file; a 5 x 5 table at the root beside 64 images in /entry
+    was planned as 5 samples without a word.  Now such a file is refused with the guess, as grouped files are; a
+    file whose root arrays are its largest still loads."""
+    f = str(tmp_path / "mixed.h5")
+    with h5py.File(f, "w") as h:
+        h.create_dataset("other", data=np.zeros((5, 5)))
+        h.create_dataset("entry/images", data=np.zeros((64, 8, 8)))
+        h.create_dataset("entry/energy", data=np.arange(64.0))
+    with pytest.raises(LayoutError, match=r"its arrays sit in groups \(best guess: 64 samples, row i of entry/images"):
+        load_layout(f)
+    g = str(tmp_path / "rooted.h5")
+    with h5py.File(g, "w") as h:
+        h.create_dataset("x", data=np.zeros((64, 8, 8)))
+        h.create_dataset("meta/calibration", data=np.zeros((4, 4)))
+    assert load_layout(g).n_samples == 64
+
+
 def test_plan_on_the_bare_file_points_to_inspect(tmp_path, capsys):
     """solar plan FILE does not train on a guess the user has not seen: one line with the guess and the command."""
     f = str(tmp_path / "scan.nxs")

@@ -247,12 +247,13 @@ def utilisation(device_only: Optional[float], seconds: float) -> Optional[float]
 
 def epoch_utilisation(per_rank: List[Tuple[Optional[float], float]]) -> dict:
     """Per epoch over ranks, from ``(device-only seconds, wall seconds)`` of each rank: ``au`` (mean over ranks),
-    ``au_min``, ``gpu_wait_fraction`` (1 - ``au``), ``device_only_s`` (the slowest rank's)."""
+    ``au_min``, ``gpu_wait_fraction`` (1 - ``au``, at least 0: the device-only steps run after the epoch and on a
+    busy host can take longer than it), ``device_only_s`` (the slowest rank's)."""
     aus = [utilisation(d, s) for d, s in per_rank]
     if any(a is None for a in aus) or not aus:
         return {"au": None, "au_min": None, "gpu_wait_fraction": None, "device_only_s": None}
     au = float(np.mean(aus))
-    return {"au": au, "au_min": float(min(aus)), "gpu_wait_fraction": 1.0 - au,
+    return {"au": au, "au_min": float(min(aus)), "gpu_wait_fraction": max(0.0, 1.0 - au),
             "device_only_s": float(max(d for d, _ in per_rank))}
 
 

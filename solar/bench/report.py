@@ -21,7 +21,12 @@ def _ratios(report: dict):
            ([("solar", report["solar"]["epochs"])] if "solar" in report else []) + list(ran.items())}
     if any(a is not None for v in aus.values() for a in v):
         report["au"] = aus  # per loader and epoch: device-only time / wall time
-        report["gpu_wait_fraction"] = {k: [None if a is None else 1.0 - a for a in v] for k, v in aus.items()}
+        report["gpu_wait_fraction"] = {k: [None if a is None else max(0.0, 1.0 - a) for a in v]
+                                       for k, v in aus.items()}
+        # the device-only steps run after the epoch; on a busy or shared host they can take longer than the epoch
+        over = [[k, e] for k, v in aus.items() for e, a in enumerate(v) if a is not None and a > 1.0]
+        if over:
+            report["au_above_1"] = over
     if "solar" not in report:
         return
     after = report.get("disk_after") or report["disk"]
@@ -188,6 +193,11 @@ def format_report(r: dict) -> str:
         for e in range(n):
             lines.append(f"{e:5d}  " + "".join(f"{r['au'][k][e]:13.3f}" if r["au"][k][e] is not None else f"{'-':>13}"
                                                 for k in names))
+        if r.get("au_above_1"):
+            lines.append("au above 1 (" + ", ".join(f"{k} epoch {e}" for k, e in r["au_above_1"]) + "): the same "
+                         "steps on a resident batch, timed after the epoch, took longer than the epoch itself; the "
+                         "machine's speed moved between the two (a busy or shared host): read it as about 1, the "
+                         "device not waiting, within that noise")
     if any(ep.get("partial") for k in ran for ep in r["baselines"][k]["epochs"]):
         lines.append("* stopped after the baseline time limit: rate over the samples delivered until then")
     return "\n".join(lines)

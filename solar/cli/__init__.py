@@ -42,8 +42,9 @@ def main(argv=None) -> int:
             rc = int(args.run(args) or 0)
             sys.stdout.flush()  # a closed pipe shows up here, not at exit
         return rc
-    except SolarError as exc:
-        print(f"{prefix}: error: {exc}", file=sys.stderr)
+    except SolarError as exc:  # (the API's argument names in it written as this CLI's options)
+        from .argtypes import as_flags
+        print(f"{prefix}: error: {as_flags(str(exc))}", file=sys.stderr)
         return 2
     except MemoryError as exc:  # sizes beyond the machine (solar gen --size 99999, solar plan -P 10**9)
         why = str(exc) or "an allocation failed"

@@ -94,3 +94,19 @@ epoch_count = _argtype(_epochs, "epoch_count")
 fraction = _argtype(lambda t: check_fraction("buffer fraction", _to_float(t)), "fraction")
 byte_size = _argtype(parse_bytes, "byte_size")
 epsilon = _argtype(_epsilon, "epsilon")
+
+
+#: The API's argument names and the CLI options that give them (solar.plan's errors name the former).
+API_FLAGS = {"device_buffer": "--device-buffer", "buffer_fraction": "--buffer-fraction",
+             "buffer_per_rank": "--buffer-per-rank", "ranks_per_node": "--ranks-per-node",
+             "reads_in_flight": "--reads-in-flight", "resume_from": "--resume-from", "world_size": "-P/--world-size",
+             "local_batch": "-b/--local-batch", "peer_cost": "--network-bandwidth/--storage-bandwidth",
+             "network_bytes_per_s": "--network-bandwidth", "storage_bytes_per_s": "--storage-bandwidth"}
+
+
+def as_flags(message: str) -> str:
+    """``message`` (an error of the Python API) with its argument names written as the CLI's options:
+    ``"device_buffer= with buffer_fraction="`` -> ``"--device-buffer with --buffer-fraction"``."""
+    import re
+    pattern = re.compile(r"(?<![\w.(])(" + "|".join(API_FLAGS) + r")\b=?(?!\w)")
+    return pattern.sub(lambda m: API_FLAGS[m.group(1)], message)

@@ -49,8 +49,28 @@ def known_spec(f: h5py.File, path: str, root: str, name: str):
         return None
     common = collections.Counter(f[k].shape[0] for k in cands).most_common(1)[0][0]
     fields = tuple(k for k in cands if f[k].shape[0] == common)
+    if _larger_array_in_a_group(f, sum(f[k].size * f[k].dtype.itemsize for k in fields)):
+        return None  # root arrays beside larger ones in groups: which are the data is a guess, shown, not used
     return (LayoutSpec("rows", (name,), fields, root=root, name="rows"),
             f"row i of the root datasets with 2+ axes and {common:,} rows")
+
+
+def _larger_array_in_a_group(f: h5py.File, nbytes: int) -> bool:
+    """Whether a numeric dataset with 2+ values inside a group holds more than ``nbytes`` (a file whose root
+    arrays are small beside its data: NeXus ``/entry/data`` with a calibration table at the root)."""
+    found = []
+
+    def visit(name, obj):
+        if "/" in name and isinstance(obj, h5py.Dataset) and obj.dtype.kind in "biufc" and obj.size >= 2 \
+                and obj.size * obj.dtype.itemsize > nbytes:
+            found.append(name)
+            return True  # (stops the walk)
+        return None
+    try:
+        f.visititems(visit)
+    except H5_ERRORS:
+        return False
+    return bool(found)
 
 
 def _root_array(f: h5py.File, key: str) -> bool:

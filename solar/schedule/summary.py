@@ -61,7 +61,7 @@ def _epochs_text(s: dict) -> str:
     """``"10 epochs x 5 steps"``, or for an open-ended schedule ``"open-ended, window 4 (...), 5 steps per epoch"``."""
     e, steps = s["config"]["epochs"], s["steps_per_epoch"]
     if not s.get("open_ended"):
-        return f"{e} epochs x {steps} steps"
+        return f"{e} epoch{'s' * (e != 1)} x {steps} steps"
     return (f"open-ended, window {s['window']} (epochs 0..{e - 1} planned in the file, the loader plans the next "
             f"windows as training goes), {steps} steps per epoch")
 

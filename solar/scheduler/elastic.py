@@ -219,7 +219,7 @@ def resume_job(state: dict, n_samples: int, fingerprint: str, *, world_size: int
                           f"got {epochs!r}")
     point = resume_point(n_samples, cfg.world_size, cfg.local_batch, world_size, b, old["step"], cfg.drop_last)
     if point.epoch >= epochs:
-        raise ResumeError(f"the state is at step {old['step']}, after the job's {epochs} epochs: nothing left to "
+        raise ResumeError(f"the state is at step {old['step']}, after the job's {epochs} epoch{'s' * (epochs != 1)}: nothing left to "
                           f"train; give more epochs")
     from .policies import get_policy
     if get_policy(old["policy"]).epoch_order != "identity":
