@@ -405,3 +405,17 @@ def test_sizes_beyond_memory_give_one_line(tmp_path, capsys, monkeypatch):
     assert main(["gen", "ptychonn", str(tmp_path / "g"), "--samples", "16", "--size", "99999", "--no-progress"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("solar gen: error: out of memory: Unable to allocate 1.75 TiB"), err
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["gen", "ptychonn", "{d}/g", "--variant", "mult"], "--variant is pdebench's (single or mult), not ptychonn's"),
+    (["gen", "cosmoflow", "{d}/g", "--steps", "7"], "--steps (time steps a trajectory) is for well and pdebench"),
+    (["bench", "{data}", "--cache-mode", "system"], "--cache-mode system says how --cold drops the page cache"),
+    (["bench", "{data}", "--step-sync"], "--step-sync runs solar alone: give --only solar too"),
+])
+def test_options_that_would_do_nothing_are_refused(tmp_path, data, capsys, argv, needle):
+    """An option the command would ignore (it said nothing and did something else) is one line, exit 2."""
+    assert main([a.format(d=tmp_path, data=data) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err, err
+    assert not (tmp_path / "g").exists()

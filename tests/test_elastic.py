@@ -275,6 +275,14 @@ def test_state_files_json_and_torch_checkpoints(tmp_path):
         read_state(str(tmp_path / "junk"))
     with pytest.raises(ResumeError, match="no loader state file"):
         read_state(str(tmp_path / "missing.json"))
+    (tmp_path / "cut.json").write_text('{"step": 7,')  # meant as JSON: where it breaks, not torch's advice
+    with pytest.raises(ResumeError, match=r"cut.json: not valid JSON \(Expecting property name .*column 12"):
+        read_state(str(tmp_path / "cut.json"))
+    (tmp_path / "plan.h5").write_bytes(b"\x89HDF\r\n\x1a\n" + bytes(64))
+    with pytest.raises(ResumeError, match="an HDF5 file .*not a loader state"):
+        read_state(str(tmp_path / "plan.h5"))
+    with pytest.raises(ResumeError, match="is a folder"):
+        read_state(str(tmp_path))
     s = solar.plan(d, world_size=3, resume_from=str(tmp_path / "ckpt.pt"), buffer_fraction=0.5)
     assert s.start_step == 7 and s.local_batch == 2
 

@@ -117,6 +117,7 @@ def test_alternative_is_summarised_and_saved(tmp_path, capsys):
     (["--save-spec", "{d}/spec.txt"], "--save-spec '{d}/spec.txt' must end with .json (or be a folder), as solar "
                                       "plan takes a spec"),
     (["--save-spec", "{d}/no/spec.json"], "--save-spec '{d}/no/spec.json': folder {d}/no does not exist"),
+    (["--save-spec", "{d}/new/"], "--save-spec '{d}/new/': folder {d}/new does not exist"),
     (["--overwrite"], "--overwrite goes with --save-spec"),
 ])
 def test_bad_options_are_one_line(tmp_path, capsys, args, needle):

@@ -72,7 +72,7 @@ def add_parser(sub):
                    help="solar's buffer per rank instead, e.g. 2GiB (the baselines get the same memory)")
     p.add_argument("--seed", type=non_negative_int, default=0, help="DistributedSampler / planner seed (default 0)")
     p.add_argument("--cold", action="store_true", help="drop the page cache before each epoch")
-    p.add_argument("--cache-mode", choices=("file", "system"), default="file",
+    p.add_argument("--cache-mode", choices=("file", "system"), default=None,
                    help="with --cold: drop the dataset files' pages (default) or the whole page cache (root)")
     p.add_argument("--step-time", type=seconds, default=0.0,
                    help="seconds of simulated training per step (default 0; not with --model conv)")
@@ -192,6 +192,10 @@ def run(args) -> int:
         L, pool_note = _node_pool(args, comm)
         if L is None and any(given):
             raise SpecError(f"--policy, --network-bandwidth and --storage-bandwidth need a node plan; {pool_note}")
+        if args.cache_mode is not None and not args.cold:
+            raise SpecError(f"--cache-mode {args.cache_mode} says how --cold drops the page cache: give --cold too")
+        if args.step_sync and args.only != "solar":
+            raise SpecError("--step-sync runs solar alone: give --only solar too")
         if args.buffer_device == "cuda" and args.device != "cuda":
             raise SpecError("--buffer-device cuda needs --device cuda (solar's batches are gathered on the GPU; "
                             "the baselines' must go there too, and the GPU each rank uses is set by it)")
@@ -204,7 +208,7 @@ def run(args) -> int:
         frac = args.buffer_fraction if args.buffer_fraction is not None or args.buffer_per_rank is not None else 0.5
         rep = bench(args.spec, comm=comm, epochs=args.epochs, local_batch=args.local_batch, buffer_fraction=frac,
                     buffer_per_rank=args.buffer_per_rank, seed=args.seed, cold=args.cold,
-                    cache_mode=args.cache_mode, step_time=args.step_time, num_workers=args.num_workers,
+                    cache_mode=args.cache_mode or "file", step_time=args.step_time, num_workers=args.num_workers,
                     reader=args.reader, threads=args.threads, prefetch=args.prefetch, schedule=args.schedule,
                     loaders=(args.only,) if args.only else ("solar", "baseline"),
                     baselines=args.baselines, equal_memory=args.equal_memory,

@@ -63,6 +63,10 @@ def run(args) -> int:
         raise SpecError(f"{args.outdir} is not empty ({len(there)} entries): give an empty or new folder, or "
                         f"--overwrite to replace its files of the same names")
     storage = None
+    if args.variant is not None and args.preset != "pdebench":
+        raise SpecError(f"--variant is pdebench's (single or mult), not {args.preset}'s")
+    if args.steps is not None and args.preset not in ("well", "pdebench"):
+        raise SpecError(f"--steps (time steps a trajectory) is for well and pdebench; {args.preset} has none")
     if args.chunk_samples is not None and args.storage in ("contiguous", "chunked"):
         fixed = "no chunks" if args.storage == "contiguous" else "one sample a chunk"
         raise SpecError(f"--chunk-samples {args.chunk_samples} does not apply to --storage {args.storage} ({fixed}); "

@@ -109,6 +109,8 @@ def spec_destination(path: str, overwrite: bool) -> str:
     dest = os.path.join(path, SPEC_FILENAME) if os.path.isdir(path) else path
     folder = os.path.dirname(os.path.abspath(dest))
     if not dest.endswith(".json"):
+        if path.endswith(os.sep) or path.endswith("/"):  # meant as a folder
+            raise SpecError(f"--save-spec {path!r}: folder {os.path.abspath(path)} does not exist")
         raise SpecError(f"--save-spec {path!r} must end with .json (or be a folder), as solar plan takes a spec")
     if not os.path.isdir(folder):
         raise SpecError(f"--save-spec {path!r}: folder {folder} does not exist")

@@ -21,12 +21,23 @@ def read_state(path: str) -> dict:
     """The loader state in file ``path`` (JSON, else a torch checkpoint read with ``weights_only=True``),
     checked (:func:`~solar.scheduler.elastic.check_state`); :class:`ResumeError` naming the file otherwise."""
     path = os.fspath(path)
+    if os.path.isdir(path):
+        raise ResumeError(f"{path!r} is a folder: give the loader state file in it (loader.state_dict() saved as "
+                          "JSON or in a torch checkpoint)")
     if not os.path.isfile(path):
         raise ResumeError(f"no loader state file {path!r} (save loader.state_dict() as JSON or in a torch checkpoint)")
+    with open(path, "rb") as f:
+        raw = f.read()
+    if raw.startswith(b"\x89HDF"):
+        raise ResumeError(f"{path}: an HDF5 file (a schedule, or data?), not a loader state: give the JSON or torch "
+                          "checkpoint the training job saved")
     try:
-        with open(path, "rb") as f:
-            doc = json.loads(f.read().decode("utf-8"))
-    except (ValueError, UnicodeDecodeError, RecursionError):
+        doc = json.loads(raw.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        if raw.lstrip()[:1] in (b"{", b"["):  # meant as JSON: say where it breaks
+            raise ResumeError(f"{path}: not valid JSON ({exc})") from None
+        if not raw.startswith((b"PK\x03\x04", b"\x80")):  # neither torch.save's zip nor its older pickle
+            raise ResumeError(f"{path}: neither JSON nor a torch checkpoint (it begins {raw[:24]!r})") from None
         doc = _torch_load(path)
     found = _find(doc, "", 0)
     if not found:
@@ -63,7 +74,9 @@ def _torch_load(path: str):
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - pickle, zip and torch errors of a file that is neither format
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise ResumeError(f"{path}: neither JSON nor a torch checkpoint ({first[:120]})") from None
+        if len(first) > 160:  # torch's weights-only advice runs on for lines: its first sentence
+            first = first[:160].rsplit(" ", 1)[0] + " ..."
+        raise ResumeError(f"{path}: neither JSON nor a torch checkpoint ({first})") from None
 
 
 def _find(doc, where: str, depth: int) -> List[Tuple[str, dict]]:
