@@ -20,9 +20,9 @@ from .reader import BlockReader, ReadStats
 SCRATCH_BYTES = 8 << 20
 """Decoded chunks one inner call holds at most: a request of more is read in several calls (a collective
 reader's in one, as every rank must make the same calls; a chunk larger than this in a call of its own).
-With the buffer's reads in flight (``io_depth``, 4) that is up to 32 MiB per rank that the memory model does
-not count yet (beside :data:`solar.memory.FIXED_OVERHEAD`).  4, 8, 16 and 64 MiB read the 2,048-sample gzip
-file at the same speed on the 2-core VM."""
+With the buffer's reads in flight (``io_depth``, 4) that is up to 32 MiB per rank outside the plan's budget,
+within :data:`solar.memory.FIXED_OVERHEAD` (measured: docs/runtime.md, "Parts of chunks").  4, 8, 16 and 64 MiB
+read the 2,048-sample gzip file at the same speed on the 2-core VM."""
 KEEP = 4
 """Scratch buffers of SCRATCH_BYTES kept for the next calls (smaller and larger ones are freed)."""
 
