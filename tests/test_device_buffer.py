@@ -2,6 +2,8 @@
 CPU standing in for the GPU: misses staged on the host and copied into device slots, batches gathered there by
 torch indexing.  Every batch must be bit for bit the host path's (every preset and storage, evictions, a resume,
 blocks the plan wrongly calls hits), and what cannot run on a device buffer is refused by name."""
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -392,17 +394,33 @@ def _step_load_bytes(path):
         return [nb[np.asarray(p.load[p.load_ptr[g]:p.load_ptr[g + 1]], np.int64)] for g in range(s.n_steps)]
 
 
-def test_a_step_that_alone_loads_more_than_the_host_staging_is_refused_at_start():
-    from solar.buffer.rank_place import _check_steps_stage
-    from solar.buffer.steps import BufferError
-    nb = np.full(6, 100, np.int64)
+def test_a_step_that_alone_stages_more_than_the_host_budget_is_refused_by_solar_plan(tmp_path):
+    """16 samples a chunk, planned on parts: a step loads the rows of its chunks that later steps use, up to 16
+    local batches' blocks, beyond the 4 steps' worth solar plan first checks.  solar plan refuses such a host
+    budget naming the step and the budget that holds it, and leaves no file; that budget plans and runs."""
+    import re
 
-    class P:
-        rank, load, load_ptr = 0, np.arange(6), np.array([0, 2, 5, 6])
-    _check_steps_stage(P, nb, 0, 3, 300)
-    _check_steps_stage(P, nb, 2, 3, 100)  # from a resume at step 2: only its steps count
-    with pytest.raises(BufferError, match="step 1 of rank 0's plan loads 300 B, more than the 200 B"):
-        _check_steps_stage(P, nb, 0, 3, 200)
+    from solar.gen import GenConfig, Storage, generate
+    data = str(tmp_path / "d")
+    generate("ptychonn", data, GenConfig(seed=0, samples=128, size=8, storage=Storage.preset("gzip", chunk_samples=16)))
+    probe = str(tmp_path / "probe.h5")
+    solar.plan(data, world_size=1, local_batch=4, epochs=2, device_buffer="64MiB", out=probe).close()
+    with solar.Schedule.load(probe) as s:
+        d = s.demand()
+    from solar.memory import DEFAULT_IO_DEPTH, bookkeeping_bytes, demand_batch_bytes
+    keep = bookkeeping_bytes(d["sample_ptr"].shape[0] - 1, d["block_nbytes"].shape[0], d["sample_blocks"].shape[0])
+    host = DEFAULT_IO_DEPTH * demand_batch_bytes(d["sample_ptr"], d["sample_blocks"], d["block_nbytes"], 4) + keep
+    path = str(tmp_path / "dev.h5")
+    with pytest.raises(solar.SpecError, match=r"cannot stage the device buffer's reads of step \d+ of rank 0: .*"
+                                              r"raise buffer_per_rank to at least") as ei:
+        solar.plan(data, world_size=1, local_batch=4, epochs=2, device_buffer="64MiB", buffer_per_rank=host,
+                   out=path)
+    assert not os.path.exists(path)
+    need = int(re.search(r"at least ([\d,]+) bytes", str(ei.value)).group(1).replace(",", ""))
+    solar.plan(data, world_size=1, local_batch=4, epochs=2, device_buffer="64MiB", buffer_per_rank=need,
+               out=path).close()
+    with SolarLoader(path, data, cpus=1, buffer_device="cpu") as ld:
+        assert sum(len(b["index"]) for b in _epochs(ld, 2)) == 2 * 128
 
 
 def test_a_device_buffer_s_batches_pass_dataloader_s_pin_memory_step_as_they_are(tmp_path):

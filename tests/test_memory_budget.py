@@ -138,6 +138,49 @@ def test_memory_of_every_rank_keeps_no_slice(tmp_path):
         assert list(s._ranks) == [1]
 
 
+def _two_sizes(tmp_path):
+    """A file of two fields chunked differently (img: one sample a block; aux: gzip chunks of 3): whole chunks of
+    two sizes whose resident counts peak at different steps."""
+    import h5py
+    import numpy as np
+    from solar.layout.build import build_layout
+    rng = np.random.default_rng(0)
+    with h5py.File(tmp_path / "sc.h5", "w") as f:
+        f.create_dataset("img", data=rng.standard_normal((600, 24, 24)).astype(np.float32))
+        f.create_dataset("aux", data=rng.standard_normal((600, 5, 7)).astype(np.float32), chunks=(3, 5, 7),
+                         compression="gzip")
+    return build_layout(solar.LayoutSpec("rows", ("sc.h5",), ("img", "aux"), root=str(tmp_path)))
+
+
+@pytest.mark.parametrize("frac, b, seed", [(0.1, 5, 0), (0.15, 7, 0), (0.2, 5, 1), (0.3, 7, 1)])
+def test_open_ended_whole_chunks_of_several_sizes_fit_in_the_loader_s_next_windows(tmp_path, frac, b, seed):
+    """An open-ended plan's later windows are planned by the loader with the file's residency: their pools must fit
+    too (only window 0 was checked, and the loader refused window 1 mid-training)."""
+    from solar.buffer.rank_place import rank_memory
+    from solar.loader.extend import WindowPlanner
+    layout = _two_sizes(tmp_path)
+    with solar.plan(layout, world_size=2, local_batch=b, epochs="auto", window=1, buffer_fraction=frac, parts=False,
+                    seed=seed, out=str(tmp_path / "oe.h5")) as s:
+        d, bb = s.demand(), mem.batch_bytes(layout, mem.max_local_batch(s.config))
+        for r in range(2):
+            wp = WindowPlanner(s, r, s.rank(r))
+            for w in range(4):
+                rank_memory(wp.rank_plan(w), d, budget=s.memory_budget, batch_bytes=bb,
+                            prefetch=mem.DEFAULT_PREFETCH, io_depth=mem.DEFAULT_IO_DEPTH)  # BufferError if over
+
+
+def test_node_plans_of_several_sizes_fit_on_every_node(tmp_path):
+    """The node furthest over its limit decides the slack (the one with the most memory in all, staging
+    included, fitted while another was over)."""
+    from solar.schedule.memory import schedule_node_memory
+    layout = _two_sizes(tmp_path)
+    for seed in range(3):
+        with solar.plan(layout, world_size=4, local_batch=5, epochs=3, buffer_fraction=0.1, parts=False, seed=seed,
+                        ranks_per_node=2, out=str(tmp_path / "node.h5")) as s:
+            for n in range(2):
+                assert schedule_node_memory(s, n, layout).fits, (seed, n)
+
+
 def test_whole_chunks_of_several_sizes_are_planned_so_that_the_loader_runs_them(tmp_path):
     """Whole chunks (parts=False) of two fields chunked differently: the pools (slots per block size, each size's
     own peak) came to 2-35% over the plan's peak and the loader refused the plan solar.plan had made.  Now the plan

@@ -27,9 +27,10 @@ WARMUP_STAGING = 256 << 20
 class RankPlace:
     """The pools of rank ``rank_plan.rank`` and the bookkeeping of its plan; ``device``: None (process
     memory) or a torch device for :class:`~solar.buffer.device_pools.DevicePools`.  ``staging_limit`` (device
-    pools; 0: none): host bytes of misses staged at once (steps whose reads are in flight), a device plan's host
-    budget (:attr:`~solar.schedule.Schedule.host_staging_bytes`): a step is booked once the staged steps before
-    it leave it room, and a plan with a step that alone loads more is refused at start."""
+    pools; 0: none): host bytes of misses staged at once (steps whose reads are in flight; rows of their size
+    class's width), a device plan's host budget (:attr:`~solar.schedule.Schedule.host_staging_bytes`): a step is
+    booked once the staged steps before it leave it room (a step that alone takes more, which ``solar plan``
+    refuses in the file's epochs, is staged alone)."""
 
     error_cls, what, kind = BufferError, "buffer manager", ""
     totals_cls = BufferTotals
@@ -75,8 +76,6 @@ class RankPlace:
         self._refused = -1                 # the last step whose slots did not fit yet (waits for a step to assemble)
         self.staging_limit = int(staging_limit) if getattr(self.pools, "on_device", False) else 0
         self._staged: Dict[int, int] = {}  # step -> host bytes of its misses staged (device pools), until committed
-        if self.staging_limit:
-            _check_steps_stage(rank_plan, self.block_nbytes, self.start, self.stop, self.staging_limit)
 
     @property
     def resident_bytes(self) -> int:
@@ -138,7 +137,7 @@ class RankPlace:
                 b = int(load[(self.slot_of[load] >= 0) | self._ghost[load]][0])
                 raise BufferError(f"step {g}: the plan loads block {b}, which is already resident (damaged plan?)")
             check_distinct(g, load, "loads")
-            staged = int(self.block_nbytes[load].sum()) if self.staging_limit else 0
+            staged = int(self.pools.class_bytes[self.class_of[load]].sum()) if self.staging_limit else 0
             if staged and booked and sum(self._staged.values()) + staged > self.staging_limit:
                 self._refused = g  # the host staging is full: wait for the steps in flight to be committed
                 return False
@@ -237,22 +236,6 @@ class RankPlace:
     def _commit(self, pending) -> None:
         if pending:
             self.pools.commit(pending)
-
-
-def _check_steps_stage(rank_plan, block_nbytes: np.ndarray, start: int, stop: int, limit: int) -> None:
-    """BufferError when a step in ``[start, stop)`` of ``rank_plan`` loads more than ``limit`` host staging bytes on
-    its own (a device plan whose host budget is too small for it)."""
-    load, ptr = np.asarray(rank_plan.load, np.int64), np.asarray(rank_plan.load_ptr, np.int64)
-    if not load.shape[0] or stop <= start:
-        return
-    csum = np.concatenate(([0], np.cumsum(block_nbytes[load])))
-    per = csum[ptr[start + 1:stop + 1]] - csum[ptr[start:stop]]
-    if int(per.max(initial=0)) > limit:
-        from ..layout.summary import human_bytes as hb
-        g = start + int(per.argmax())
-        raise BufferError(f"step {g} of rank {rank_plan.rank}'s plan loads {hb(int(per.max()))}, more than the "
-                          f"{hb(limit)} its plan may stage on the host for the device buffer (solar plan "
-                          "--device-buffer with --buffer-per-rank): plan again with a larger --buffer-per-rank")
 
 
 def steps_in_flight(reader, io_depth: int) -> int:

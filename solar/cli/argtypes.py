@@ -105,8 +105,9 @@ API_FLAGS = {"device_buffer": "--device-buffer", "buffer_fraction": "--buffer-fr
 
 
 def as_flags(message: str) -> str:
-    """``message`` (an error of the Python API) with its argument names written as the CLI's options:
-    ``"device_buffer= with buffer_fraction="`` -> ``"--device-buffer with --buffer-fraction"``."""
+    """``message`` (an error of the Python API) with the arguments it names as ``name=`` written as the CLI's
+    options: ``"device_buffer= with buffer_fraction="`` -> ``"--device-buffer with --buffer-fraction"``.  Only that
+    form: a name inside a path, a key list or a value (``world_size=3``) stays as it is."""
     import re
-    pattern = re.compile(r"(?<![\w.(])(" + "|".join(API_FLAGS) + r")\b=?(?!\w)")
+    pattern = re.compile(r"(?<![\w./'\"-])(" + "|".join(API_FLAGS) + r")=(?![\w=.'\"/-])")
     return pattern.sub(lambda m: API_FLAGS[m.group(1)], message)

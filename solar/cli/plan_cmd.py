@@ -118,7 +118,11 @@ def run(args) -> int:
     from ..schedule import plan
     from ..schedule.summary import format_schedule
     from ..topology import detect
-    if detect().rank != 0:  # run by every rank of a job (mpiexec, srun): rank 0 plans, writes -o and prints
+    job = detect()
+    if job.rank != 0:  # run by every rank of a job (mpiexec, srun): rank 0 plans, writes -o and prints
+        if job.world_size != args.world_size:  # not the job it plans for: say why nothing happens
+            print(f"solar plan: rank {job.rank} of a job of {job.world_size} ({job.source}): rank 0 plans and "
+                  f"writes {args.output}; nothing done here", file=sys.stderr)
         return 0
     epochs = args.epochs
     if args.resume_from is None:

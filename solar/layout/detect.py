@@ -88,14 +88,16 @@ def no_array_message(path: str, nodes) -> str:
     return f"{path} holds no array solar can load (a numeric dataset with 2+ values): {no_field_reason(nodes)}"
 
 
-def _refusal(path: str, nodes) -> str:
-    """The one line of :func:`detect_spec` for a file whose arrays sit in groups (or have one axis)."""
+def _refusal(path: str, nodes, root=()) -> str:
+    """The one line of :func:`detect_spec` for a file whose arrays sit in groups (or have one axis; ``root``:
+    its arrays at the root, which sit beside a larger one in a group)."""
     guesses = guess_samples(nodes)
     if not guesses:
         return no_array_message(path, nodes)
     g = guesses[0]
     q = shlex.quote(path)
-    where = "sit in groups" if any("/" in f for f in g.fields) else "have one axis"
+    where = (f"at the root ({short_fields(list(root))}) sit beside a larger one in a group" if root else
+             "sit in groups" if any("/" in f for f in g.fields) else "have one axis")
     return (f"cannot tell what a sample of {path} is: its arrays {where} (best guess: {g.samples} samples, "
             f"row i of {short_fields(g.fields)}); `solar inspect {q}` shows it with the alternatives and "
             f"`solar inspect {q} --save-spec {SPEC_FILENAME}` saves it as a spec to give instead of the file")
@@ -115,7 +117,7 @@ def detect_spec(path: str) -> LayoutSpec:
             known = known_spec(f, path, root, name)
             if known is not None:
                 return known[0]
-            raise LayoutError(_refusal(path, read_tree(f).nodes))
+            raise LayoutError(_refusal(path, read_tree(f).nodes, [k for k in f if _root_array(f, k)]))
         except SolarError:
             raise
         except H5_ERRORS as exc:

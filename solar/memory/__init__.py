@@ -44,10 +44,11 @@ from .budget import (BLOCK_BOOKKEEPING, DEFAULT_IO_DEPTH, DEFAULT_PREFETCH, FIXE
                      largest_batch, max_local_batch, memory_limit, plan_budgets, reserve_bytes)
 from .node import NodeMemory, class_offsets, header_bytes, node_memory, plan_node_memory, staging_lists
 from .rank import MemoryNeed, memory_need
-from .slots import MAX_EXACT_CLASSES, plan_pools, pool_slots, size_classes, slots_needed
+from .slots import MAX_EXACT_CLASSES, largest_step_load, plan_pools, pool_slots, size_classes, slots_needed
 
 __all__ = ["BLOCK_BOOKKEEPING", "DEFAULT_IO_DEPTH", "DEFAULT_PREFETCH", "FIXED_OVERHEAD", "MAX_EXACT_CLASSES",
            "MAX_READS_IN_FLIGHT", "PLAN_ALLOWANCE", "MemoryNeed", "NodeMemory", "batch_bytes", "bookkeeping_bytes",
            "check_reads_in_flight", "class_offsets", "demand_batch_bytes", "header_bytes", "largest_batch",
+           "largest_step_load",
            "max_local_batch", "memory_limit", "memory_need", "node_memory", "plan_budgets", "plan_node_memory",
            "plan_pools", "pool_slots", "reserve_bytes", "size_classes", "slots_needed", "staging_lists"]

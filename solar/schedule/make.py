@@ -161,15 +161,20 @@ def plan(data: Union[str, "Demand", object], *, world_size: int, local_batch: Op
                         "does not store the extents the loader needs to plan the next windows; plan from the "  # not
                         "layout (a path or a Layout), or give a number of epochs")  # plan its next windows
 
-    def make(res: int, slack: int) -> Schedule:
-        cfg = PlanConfig(world_size, local_batch, epochs, res, seed=seed, drop_last=drop_last, epsilon=epsilon)
-        run = PlanRun(demand, cfg, pol, record=True, open_ended=window > 0, **node_args)  # before the file
-        w = ScheduleWriter(out, demand, cfg, pol.name, S, source=source, layout=None if data is demand else data,
-                           window=window, nodes=nodes, buffer_place="host" if device_buffer is None else "device",
+    def make(res: int, slack: int, horizon: Optional[int] = None) -> Schedule:
+        """The plan with residency ``res`` (``slack`` held back), written to ``out``; with ``horizon``, in memory
+        and closed over that many epochs (an open-ended plan's next windows, as a probe of its pools)."""
+        E, where, K = (epochs, out, window) if horizon is None else (horizon, None, 0)
+        cfg = PlanConfig(world_size, local_batch, E, res, seed=seed, drop_last=drop_last, epsilon=epsilon)
+        run = PlanRun(demand, cfg, pol, record=True, open_ended=K > 0, **node_args)  # before the file
+        w = ScheduleWriter(where, demand, cfg, pol.name, S, source=source, layout=None if data is demand else data,
+                           window=K, nodes=nodes, buffer_place="host" if device_buffer is None else "device",
                            read_ahead_bytes=ahead, host_staging_bytes=staging, pool_slack_bytes=slack)
-        return _write(w, out, lambda: run.advance(cfg.epochs, on_epoch=w.add_epoch, progress=progress))
+        return _write(w, where, lambda: run.advance(cfg.epochs, on_epoch=w.add_epoch,
+                                                    progress=progress and horizon is None))
+    probe = None if window == 0 else (lambda res, slack: make(res, slack, FIT_WINDOWS * window))
     try:
-        return _fitting_pools(make, resident, demand.block_nbytes)
+        s = _fitting_pools(make, resident, demand.block_nbytes, probe, out)
     except BufferTooSmall as exc:  # its figure is the residency: say what the rest of the rank's budget holds
         if budget == resident:
             raise
@@ -178,6 +183,33 @@ def plan(data: Union[str, "Demand", object], *, world_size: int, local_batch: Op
         if ahead:
             held += f", {hb(ahead)} of it for reads_in_flight={reads} (--reads-in-flight {reads}; 1 holds less)"
         raise BufferTooSmall(f"{exc} ({held})") from None
+    if staging:
+        _check_largest_step(s, staging, host_budget, out)
+    return s
+
+
+def _check_largest_step(s: Schedule, staging: int, host_budget: int, out: Optional[str]) -> None:
+    """SpecError (the file removed) when a step of a device plan stages more misses on the host than its host
+    budget leaves for them (rows of their size class's width; a plan on parts of chunks also loads, at a step,
+    the rows of its chunks that later steps use)."""
+    from ..memory import largest_step_load, size_classes
+    nb = np.asarray(s.demand()["block_nbytes"], np.int64)
+    class_of, class_bytes = size_classes(nb)
+    width = class_bytes[class_of]
+    worst = max((largest_step_load(p.load, p.load_ptr, width) + (r,)
+                 for r, p in ((r, s.rank(r, keep=False)) for r in range(s.world_size))), default=(0, 0, 0))
+    if worst[0] <= staging:
+        return
+    s.close()
+    if out is not None:
+        from ..atomic import remove_quietly
+        remove_quietly(out)
+    from ..layout.summary import human_bytes as hb
+    need = host_budget - staging + worst[0]
+    raise SpecError(f"a host budget of {host_budget:,} bytes per rank cannot stage the device buffer's reads of step "
+                    f"{worst[1]} of rank {worst[2]}: {worst[0]:,} bytes of misses (the rows of its chunks later "
+                    f"steps use come with them) where {staging:,} are left after the bookkeeping; raise "
+                    f"buffer_per_rank to at least {need:,} bytes ({hb(need)})")
 
 
 def predicted_storage(data, **kw) -> Optional[int]:
@@ -201,7 +233,7 @@ def _device_budget(device_buffer, buffer_per_rank, buffer_fraction, ranks_per_no
     dev = _bytes_arg("device_buffer", device_buffer)
     if buffer_fraction is not None:
         raise SpecError("device_buffer= with buffer_fraction=: the device budget is in bytes; give the host's "
-                        "budget (staging for reads) as buffer_per_rank")
+                        "budget (staging for reads) as buffer_per_rank=")
     if ranks_per_node is not None:
         raise SpecError("device_buffer= plans one buffer per rank on its GPU: not with ranks_per_node=")
     if resume_from is not None:
@@ -276,14 +308,16 @@ def _plan_resumed(data, state, *, world_size: int, local_batch, epochs, buffer_p
         w = ScheduleWriter(out, demand, cfg, pol.name, run.S, source=source, layout=None if data is demand else data,
                            resume=job.record, nodes=nodes, read_ahead_bytes=ahead, pool_slack_bytes=slack)
         return _write(w, out, lambda: run.advance(w.add_epoch, progress=progress))
-    return _fitting_pools(make, resident, demand.block_nbytes)
+    return _fitting_pools(make, resident, demand.block_nbytes, None, out)
 
 
 #: Plans made at most by :func:`_fitting_pools` (the first and the re-plans with less residency).
 FIT_ATTEMPTS = 4
+#: Windows of an open-ended plan whose pools :func:`_fitting_pools` checks (the file's and the loader's next ones).
+FIT_WINDOWS = 4
 
 
-def _fitting_pools(make, resident: int, block_nbytes) -> Schedule:
+def _fitting_pools(make, resident: int, block_nbytes, probe=None, out: Optional[str] = None) -> Schedule:
     """``make(residency, slack)`` (a plan written, open), planned again with ``slack`` bytes less residency while
     a rank's (or node's) pools do not fit the memory it was planned for.
 
@@ -291,34 +325,71 @@ def _fitting_pools(make, resident: int, block_nbytes) -> Schedule:
     blocks of several sizes peak at different steps (whole chunks of fields chunked differently), those peaks
     add up to more than the plan's own peak, which the planner keeps within the residency budget, and the loader
     would refuse the plan.  The bytes held back are stored (``pool_slack_bytes``), so the memory the loader
-    checks is the user's budget still.  One block size: planned once, as before."""
+    checks is the user's budget still.  One block size: planned once, as before.  ``probe(residency, slack)``: a plan to
+    measure instead of the file's (an open-ended plan's first :data:`FIT_WINDOWS` windows, which the loader
+    plans with the file's residency; later windows are not checked here, the loader checks each one).  When no
+    re-plan fits (the budget cannot hold a batch with less residency), a SpecError with the figures, and no file
+    at ``out``."""
     from ..memory import size_classes
     s = make(resident, 0)
-    if size_classes(np.asarray(block_nbytes, np.int64))[1].shape[0] < 2:
+    n_sizes = size_classes(np.asarray(block_nbytes, np.int64))[1].shape[0]
+    if n_sizes < 2:
         return s
     slack = 0
-    for _ in range(FIT_ATTEMPTS - 1):
-        over = _pools_over(s)
+    for attempt in range(FIT_ATTEMPTS):
+        over = _pools_over(s if probe is None else _closing(probe(resident - slack, slack)))
         if over <= 0:
             return s
-        s.close()
-        slack += over + (resident - slack) // 64  # a little more: the next plan's peaks move too
-        if slack >= resident:
+        more = slack + over + (resident - slack) // 64  # a little more: the next plan's peaks move too
+        t = None
+        if attempt < FIT_ATTEMPTS - 1 and more < resident:
+            try:
+                t = make(resident - more, more)
+            except BufferTooSmall:
+                pass
+        if t is None:
             break
-        s = make(resident - slack, slack)
-    return s  # (still over: the loader refuses it naming the figures, and solar plan prints them)
+        s.close()
+        s, slack = t, more
+    s.close()
+    if out is not None:
+        from ..atomic import remove_quietly
+        remove_quietly(out)
+    raise SpecError(f"the budget cannot hold this plan's pools: blocks of {n_sizes} sizes (whole chunks of fields "
+                    f"chunked differently) need slots for each size's own peak, {over:,} bytes per rank beyond the "
+                    f"budget, and planning with less residency ({slack:,} bytes less) did not close the "
+                    f"gap; raise the budget, or plan on parts of chunks (solar plan without --no-parts)")
 
 
-def _pools_over(s: Schedule) -> int:
-    """Bytes per rank by which the rank (or node) of ``s`` that needs most is over the memory it was planned for
-    (<= 0: within it): its pools for the residency, batches and bookkeeping against its limit, with the loader's
-    defaults (:func:`solar.schedule.memory.schedule_memory_summary`; slots for reads in flight get what is left)."""
-    from .memory import schedule_memory_summary
-    m = schedule_memory_summary(s)
-    if "error" in m:
+class _closing:
+    """A probe schedule measured once, then closed (``_pools_over(_closing(s))``)."""
+
+    def __init__(self, s: Schedule):
+        self.s = s
+
+
+def _pools_over(s) -> int:
+    """Bytes per rank by which the rank (or node) of ``s`` furthest over the memory it was planned for is over it
+    (<= 0: all within it): pools for the residency, batches and bookkeeping against the limit, with the loader's
+    defaults (:mod:`solar.schedule.memory`; slots for reads in flight get what is left).  ``s``: a Schedule, or
+    a :class:`_closing` one (closed after)."""
+    from ..errors import SolarError
+    from .memory import schedule_memory, schedule_node_memory
+    sch = s.s if isinstance(s, _closing) else s
+    try:
+        layout = sch.layout() if getattr(sch, "has_layout", False) else None
+        if sch.nodes is not None:
+            L = sch.nodes.ranks_per_node
+            needs = [schedule_node_memory(sch, n, layout, keep=False) for n in range(sch.nodes.n_nodes)]
+        else:
+            L = 1
+            needs = [schedule_memory(sch, r, layout, keep=False) for r in range(sch.world_size)]
+    except SolarError:
         return 0
-    over = int(m["resident"]) + int(m["batches"]) + int(m["bookkeeping"]) - int(m["limit"])
-    L = int(m.get("ranks_per_node", 1)) if m.get("per_node") else 1
+    finally:
+        if isinstance(s, _closing):
+            sch.close()
+    over = max(m.resident + m.batches + m.bookkeeping - m.limit for m in needs)
     return -(-over // L)
 
 

@@ -16,7 +16,11 @@ def format_schedule(s: dict) -> str:
                 if s.get("neighbour_run_bytes") else "") + ")",
              f"  job: world size {c['world_size']}, local batch {c['local_batch']}, {_epochs_text(s)}, "
              f"buffer {human_bytes(c['buffer_bytes'])} per rank"
-             f"{' in GPU memory' if s.get('buffer_place') == 'device' else ''}, seed {c['seed']}, "
+             f"{' in GPU memory' if s.get('buffer_place') == 'device' else ''}"
+             + (f" (+{human_bytes(s['pool_slack_bytes'])} held back: pools of several block sizes)"
+                if s.get("pool_slack_bytes") else "")
+             + (f", host staging {human_bytes(s['host_staging_bytes'])} per rank" if s.get("host_staging_bytes")
+                else "") + f", seed {c['seed']}, "
              f"drop_last {'yes' if c['drop_last'] else 'no'}, epsilon {c['epsilon']}",
              _layout_line(s),
              *_resume_lines(s),
