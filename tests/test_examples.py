@@ -48,12 +48,21 @@ def _env():
     return env
 
 
+def _mpi_env():
+    """:func:`_env` for mpiexec: no MASTER_PORT.  Rank 0 then listens on a port the OS gives it and sends it over
+    MPI; a port picked here could be taken by another process before rank 0 binds it (EADDRINUSE once failed the
+    whole module)."""
+    env = _env()
+    env.pop("MASTER_PORT")
+    return env
+
+
 def run_example(cwd, script, *args, timeout=180) -> str:
     mpiexec = _mpiexec()
     if mpiexec is None:
         pytest.skip("no mpiexec")
     cmd = [mpiexec, "-n", str(P), sys.executable, os.path.join(EXAMPLES, script), *map(str, args)]
-    r = subprocess.run(cmd, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout, check=False)
+    r = subprocess.run(cmd, cwd=cwd, env=_mpi_env(), capture_output=True, text=True, timeout=timeout, check=False)
     out = r.stdout + r.stderr
     assert r.returncode == 0, f"{' '.join(cmd)} exited {r.returncode}:\n{out[-4000:]}"
     return out
@@ -184,7 +193,7 @@ def test_resume_continues_with_the_next_batch(ptycho, loader="solar"):
 
 def _run_failing(cwd, script, *args, timeout=120):
     cmd = [_mpiexec(), "-n", str(P), sys.executable, os.path.join(EXAMPLES, script), *map(str, args)]
-    r = subprocess.run(cmd, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout, check=False)
+    r = subprocess.run(cmd, cwd=cwd, env=_mpi_env(), capture_output=True, text=True, timeout=timeout, check=False)
     return r.returncode, r.stdout + r.stderr
 
 
@@ -269,7 +278,7 @@ def test_a_plan_with_the_buffer_on_the_device_trains_the_same_steps(ptycho):
         assert s.buffer_place == "device"
     cmd = [_mpiexec(), "-n", str(P), sys.executable, os.path.join(EXAMPLES, "train_ptychonn.py"), data, "--epochs",
            "2", "--local-batch", str(B), "--plan", str(tmp / "buffer-host.h5"), "--device-buffer", "1MiB"]
-    r = subprocess.run(cmd, cwd=tmp, env=_env(), capture_output=True, text=True, timeout=180)
+    r = subprocess.run(cmd, cwd=tmp, env=_mpi_env(), capture_output=True, text=True, timeout=180)
     assert r.returncode != 0 and "does not fit this job: planned for a buffer in host memory (job: --device-buffer)" in \
         r.stdout + r.stderr, (r.stdout + r.stderr)[-2000:]
 
