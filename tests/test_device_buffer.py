@@ -412,10 +412,16 @@ def test_a_step_that_alone_stages_more_than_the_host_budget_is_refused_by_solar_
     host = DEFAULT_IO_DEPTH * demand_batch_bytes(d["sample_ptr"], d["sample_blocks"], d["block_nbytes"], 4) + keep
     path = str(tmp_path / "dev.h5")
     with pytest.raises(solar.SpecError, match=r"cannot stage the device buffer's reads of step \d+ of rank 0: .*"
-                                              r"raise buffer_per_rank to at least") as ei:
+                                              r"raise buffer_per_rank= to at least") as ei:
         solar.plan(data, world_size=1, local_batch=4, epochs=2, device_buffer="64MiB", buffer_per_rank=host,
                    out=path)
-    assert not os.path.exists(path)
+    assert sorted(os.listdir(tmp_path)) == ["d", "probe.h5"]  # nothing written, nothing left
+    before = open(probe, "rb").read()  # -o an existing schedule: a refused plan leaves it as it was
+    for epochs in (2, "auto"):
+        with pytest.raises(solar.SpecError, match="cannot stage the device buffer's reads"):
+            solar.plan(data, world_size=1, local_batch=4, epochs=epochs, device_buffer="64MiB", buffer_per_rank=host,
+                       out=probe)
+        assert open(probe, "rb").read() == before and sorted(os.listdir(tmp_path)) == ["d", "probe.h5"]
     need = int(re.search(r"at least ([\d,]+) bytes", str(ei.value)).group(1).replace(",", ""))
     solar.plan(data, world_size=1, local_batch=4, epochs=2, device_buffer="64MiB", buffer_per_rank=need,
                out=path).close()

@@ -158,7 +158,7 @@ def test_small_root_arrays_beside_larger_data_in_groups_are_not_taken_silently(t
         h.create_dataset("other", data=np.zeros((5, 5)))
         h.create_dataset("entry/images", data=np.zeros((64, 8, 8)))
         h.create_dataset("entry/energy", data=np.arange(64.0))
-    with pytest.raises(LayoutError, match=r"its arrays at the root \(other\) sit beside a larger one in a group "
+    with pytest.raises(LayoutError, match=r"its array at the root \(other\) sits beside a larger one in a group "
                                           r"\(best guess: 64 samples, row i of entry/images"):
         load_layout(f)
     g = str(tmp_path / "rooted.h5")

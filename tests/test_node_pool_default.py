@@ -124,9 +124,10 @@ def test_solar_plan_run_by_every_rank_of_a_job_plans_on_rank_0_only(tmp_path, da
     r = subprocess.run([sys.executable, "-m", "solar", "plan", data, "-P", "2", "-b", "4", "--epochs", "2",
                         "--buffer-fraction", "0.5", "-o", out], capture_output=True, text=True, timeout=300,
                        env={**keep, "SLURM_NTASKS": "4", "SLURM_PROCID": "2"})
-    assert r.returncode == 0 and not os.path.exists(out)
-    assert r.stderr.strip() == f"solar plan: rank 2 of a job of 4 (SLURM (SLURM_PROCID=2, SLURM_NTASKS=4)): rank 0 " \
-                               f"plans and writes {out}; nothing done here"
+    assert r.returncode == 2 and not os.path.exists(out)
+    assert r.stderr.strip() == "solar plan: error: this process is rank 2 of a job of 4 (SLURM (SLURM_PROCID=2, " \
+                               "SLURM_NTASKS=4)), not of the -P 2 job it would plan for: run solar plan outside the " \
+                               "job, or on its rank 0"
     s, err = _plan(tmp_path, data, {"PMI_SIZE": "2", "PMI_RANK": "0", "MPI_LOCALNRANKS": "2",
                                     "MPI_LOCALRANKID": "0"}, "--epochs", "2")
     assert s["nodes"]["ranks_per_node"] == 2 and err.count("share one buffer") == 1

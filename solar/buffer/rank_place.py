@@ -95,7 +95,8 @@ class RankPlace:
         self.warmup = {"blocks": int(blocks.shape[0]), "skipped": int((~need).sum()), "bytes_read": 0}
         # device pools stage their reads on the host: in parts of at most WARMUP_STAGING bytes, not all at once
         parts = [blocks] if not getattr(self.pools, "on_device", False) else \
-            _parts_of(blocks, self.block_nbytes[blocks], min(WARMUP_STAGING, self.staging_limit or WARMUP_STAGING))
+            _parts_of(blocks, self.pools.class_bytes[self.class_of[blocks]],  # (rows of their class's width)
+                      min(WARMUP_STAGING, self.staging_limit or WARMUP_STAGING))
         for part in parts:
             views, pending = self._alloc(part)
             self.warmup["bytes_read"] += int(self.reader.read_blocks(part, views).bytes_read)

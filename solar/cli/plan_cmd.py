@@ -120,9 +120,10 @@ def run(args) -> int:
     from ..topology import detect
     job = detect()
     if job.rank != 0:  # run by every rank of a job (mpiexec, srun): rank 0 plans, writes -o and prints
-        if job.world_size != args.world_size:  # not the job it plans for: say why nothing happens
-            print(f"solar plan: rank {job.rank} of a job of {job.world_size} ({job.source}): rank 0 plans and "
-                  f"writes {args.output}; nothing done here", file=sys.stderr)
+        if job.world_size != args.world_size:  # not the job it plans for (a variable inherited?): nothing planned
+            raise SpecError(f"this process is rank {job.rank} of a job of {job.world_size} ({job.source}), not "
+                            f"of the -P {args.world_size} job it would plan for: run solar plan outside the job, "
+                            f"or on its rank 0")
         return 0
     epochs = args.epochs
     if args.resume_from is None:

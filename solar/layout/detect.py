@@ -96,9 +96,10 @@ def _refusal(path: str, nodes, root=()) -> str:
         return no_array_message(path, nodes)
     g = guesses[0]
     q = shlex.quote(path)
-    where = (f"at the root ({short_fields(list(root))}) sit beside a larger one in a group" if root else
-             "sit in groups" if any("/" in f for f in g.fields) else "have one axis")
-    return (f"cannot tell what a sample of {path} is: its arrays {where} (best guess: {g.samples} samples, "
+    what = ((f"arrays at the root ({short_fields(list(root))}) sit" if len(root) > 1 else
+             f"array at the root ({root[0]}) sits") + " beside a larger one in a group" if root else
+            "arrays sit in groups" if any("/" in f for f in g.fields) else "arrays have one axis")
+    return (f"cannot tell what a sample of {path} is: its {what} (best guess: {g.samples} samples, "
             f"row i of {short_fields(g.fields)}); `solar inspect {q}` shows it with the alternatives and "
             f"`solar inspect {q} --save-spec {SPEC_FILENAME}` saves it as a spec to give instead of the file")
 

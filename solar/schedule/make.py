@@ -124,7 +124,7 @@ def plan(data: Union[str, "Demand", object], *, world_size: int, local_batch: Op
     reads = check_reads_in_flight(1 if reads_in_flight is None else reads_in_flight)
     if device_buffer is not None and reads > 1:
         raise SpecError("reads_in_flight= with device_buffer=: a device buffer stages its reads on the host "
-                        f"({DEFAULT_IO_DEPTH} steps of misses); leave reads_in_flight at 1")
+                        f"({DEFAULT_IO_DEPTH} steps of misses); leave reads_in_flight= at 1")
     host_budget = None
     if device_buffer is not None:  # the residency in device memory; buffer_per_rank stays the host's budget
         device_buffer, host_budget = _device_budget(device_buffer, buffer_per_rank, buffer_fraction, ranks_per_node,
@@ -161,20 +161,26 @@ def plan(data: Union[str, "Demand", object], *, world_size: int, local_batch: Op
                         "does not store the extents the loader needs to plan the next windows; plan from the "  # not
                         "layout (a path or a Layout), or give a number of epochs")  # plan its next windows
 
-    def make(res: int, slack: int, horizon: Optional[int] = None) -> Schedule:
-        """The plan with residency ``res`` (``slack`` held back), written to ``out``; with ``horizon``, in memory
-        and closed over that many epochs (an open-ended plan's next windows, as a probe of its pools)."""
-        E, where, K = (epochs, out, window) if horizon is None else (horizon, None, 0)
-        cfg = PlanConfig(world_size, local_batch, E, res, seed=seed, drop_last=drop_last, epsilon=epsilon)
-        run = PlanRun(demand, cfg, pol, record=True, open_ended=K > 0, **node_args)  # before the file
-        w = ScheduleWriter(where, demand, cfg, pol.name, S, source=source, layout=None if data is demand else data,
-                           window=K, nodes=nodes, buffer_place="host" if device_buffer is None else "device",
-                           read_ahead_bytes=ahead, host_staging_bytes=staging, pool_slack_bytes=slack)
-        return _write(w, where, lambda: run.advance(cfg.epochs, on_epoch=w.add_epoch,
-                                                    progress=progress and horizon is None))
-    probe = None if window == 0 else (lambda res, slack: make(res, slack, FIT_WINDOWS * window))
+    def build(target: Optional[str]) -> Schedule:
+        def make(res: int, slack: int, horizon: Optional[int] = None) -> Schedule:
+            """The plan with residency ``res`` (``slack`` held back), written to ``target``; with ``horizon``, in
+            memory and closed over that many epochs (an open-ended plan's next windows, as a probe of its pools)."""
+            E, where, K = (epochs, target, window) if horizon is None else (horizon, None, 0)
+            cfg = PlanConfig(world_size, local_batch, E, res, seed=seed, drop_last=drop_last, epsilon=epsilon)
+            run = PlanRun(demand, cfg, pol, record=True, open_ended=K > 0, **node_args)  # before the file
+            w = ScheduleWriter(where, demand, cfg, pol.name, S, source=source,
+                               layout=None if data is demand else data, window=K, nodes=nodes,
+                               buffer_place="host" if device_buffer is None else "device", read_ahead_bytes=ahead,
+                               host_staging_bytes=staging, pool_slack_bytes=slack)
+            return _write(w, where, lambda: run.advance(cfg.epochs, on_epoch=w.add_epoch,
+                                                        progress=progress and horizon is None))
+        probe = None if window == 0 else (lambda res, slack: make(res, slack, FIT_WINDOWS * window))
+        s = _fitting_pools(make, resident, demand.block_nbytes, probe, target)
+        if staging:
+            _check_largest_step(s, staging, host_budget, target)
+        return s
     try:
-        s = _fitting_pools(make, resident, demand.block_nbytes, probe, out)
+        return _checked_output(out, bool(staging) or _several_sizes(demand.block_nbytes), build)
     except BufferTooSmall as exc:  # its figure is the residency: say what the rest of the rank's budget holds
         if budget == resident:
             raise
@@ -183,9 +189,30 @@ def plan(data: Union[str, "Demand", object], *, world_size: int, local_batch: Op
         if ahead:
             held += f", {hb(ahead)} of it for reads_in_flight={reads} (--reads-in-flight {reads}; 1 holds less)"
         raise BufferTooSmall(f"{exc} ({held})") from None
-    if staging:
-        _check_largest_step(s, staging, host_budget, out)
-    return s
+
+
+def _several_sizes(block_nbytes) -> bool:
+    """Whether the blocks come in more than one pool size class (:func:`solar.memory.size_classes`)."""
+    from ..memory import size_classes
+    return size_classes(np.asarray(block_nbytes, np.int64))[1].shape[0] > 1
+
+
+def _checked_output(out: Optional[str], checked: bool, build) -> Schedule:
+    """``build(target)``: a plan written at ``target`` and checked there (a check may refuse it after writing, and
+    then removes it).  With ``checked``, ``target`` is a name beside ``out``, renamed over it once ``build``
+    returns: a refused plan leaves ``out`` as it was (a schedule ``solar plan -o`` would have replaced)."""
+    if out is None or not checked:
+        return build(out)
+    from ..atomic import remove_quietly, temp_name
+    tmp = temp_name(out) + "-checked"
+    try:
+        s = build(tmp)
+    except BaseException:
+        remove_quietly(tmp)
+        raise
+    s.close()
+    os.replace(tmp, out)
+    return Schedule.load(out)
 
 
 def _check_largest_step(s: Schedule, staging: int, host_budget: int, out: Optional[str]) -> None:
@@ -207,9 +234,9 @@ def _check_largest_step(s: Schedule, staging: int, host_budget: int, out: Option
     from ..layout.summary import human_bytes as hb
     need = host_budget - staging + worst[0]
     raise SpecError(f"a host budget of {host_budget:,} bytes per rank cannot stage the device buffer's reads of step "
-                    f"{worst[1]} of rank {worst[2]}: {worst[0]:,} bytes of misses (the rows of its chunks later "
-                    f"steps use come with them) where {staging:,} are left after the bookkeeping; raise "
-                    f"buffer_per_rank to at least {need:,} bytes ({hb(need)})")
+                    f"{worst[1]} of rank {worst[2]}: {worst[0]:,} bytes of blocks it loads (on parts of chunks or "
+                    f"with neighbours, also those later steps use) where {staging:,} are left after the "
+                    f"bookkeeping; raise buffer_per_rank= to at least {need:,} bytes ({hb(need)})")
 
 
 def predicted_storage(data, **kw) -> Optional[int]:
@@ -258,7 +285,8 @@ def _check_staging(host_budget: int, demand, local_batch: int, epsilon: float) -
     """The bytes a device plan's host side may stage (``host_budget`` less the bookkeeping); SpecError when that
     does not hold the misses of :data:`~solar.memory.DEFAULT_IO_DEPTH` steps of a local batch's blocks each.  A
     step that loads more (a plan on parts of chunks, or with neighbours, loads blocks for later steps too) is
-    staged within it all the same: the loader then keeps fewer steps of reads in flight."""
+    checked once the plan is made (:func:`_check_largest_step`); the loader keeps fewer steps of reads in flight
+    where steps load more."""
     n = largest_batch(local_batch, epsilon)
     step = demand_batch_bytes(demand.sample_ptr, demand.sample_blocks, demand.block_nbytes, n)
     keep = bookkeeping_bytes(demand.n_samples, demand.n_blocks, len(demand.sample_blocks))
@@ -267,7 +295,7 @@ def _check_staging(host_budget: int, demand, local_batch: int, epsilon: float) -
         from ..layout.summary import human_bytes as hb
         raise SpecError(f"a host budget of {hb(host_budget)} per rank cannot stage a device buffer's reads: "
                         f"{DEFAULT_IO_DEPTH} steps of misses ({hb(step)} each at most, a local batch of {n} samples' "
-                        f"blocks) and {hb(keep)} of bookkeeping take {hb(need)}; raise buffer_per_rank or lower the "
+                        f"blocks) and {hb(keep)} of bookkeeping take {hb(need)}; raise buffer_per_rank= or lower the "
                         "local batch")
     return int(host_budget - keep)
 
@@ -301,14 +329,17 @@ def _plan_resumed(data, state, *, world_size: int, local_batch, epochs, buffer_p
                                    reads)
     node_args = {} if nodes is None else {"nodes": nodes[0], "cost": nodes[1]}
 
-    def make(res: int, slack: int) -> Schedule:
+    def make(res: int, slack: int, target: Optional[str]) -> Schedule:
         cfg = PlanConfig(world_size, job.local_batch, job.epochs, res, seed=job.seed, drop_last=job.drop_last,
                          epsilon=job.epsilon)
         run = elastic.ResumedRun(demand, cfg, pol, job.point, **node_args)  # before the file: SpecError leaves none
-        w = ScheduleWriter(out, demand, cfg, pol.name, run.S, source=source, layout=None if data is demand else data,
-                           resume=job.record, nodes=nodes, read_ahead_bytes=ahead, pool_slack_bytes=slack)
-        return _write(w, out, lambda: run.advance(w.add_epoch, progress=progress))
-    return _fitting_pools(make, resident, demand.block_nbytes, None, out)
+        w = ScheduleWriter(target, demand, cfg, pol.name, run.S, source=source,
+                           layout=None if data is demand else data, resume=job.record, nodes=nodes,
+                           read_ahead_bytes=ahead, pool_slack_bytes=slack)
+        return _write(w, target, lambda: run.advance(w.add_epoch, progress=progress))
+    return _checked_output(out, _several_sizes(demand.block_nbytes),
+                           lambda target: _fitting_pools(lambda res, slack: make(res, slack, target), resident,
+                                                         demand.block_nbytes, None, target))
 
 
 #: Plans made at most by :func:`_fitting_pools` (the first and the re-plans with less residency).
@@ -336,29 +367,35 @@ def _fitting_pools(make, resident: int, block_nbytes, probe=None, out: Optional[
     if n_sizes < 2:
         return s
     slack = 0
-    for attempt in range(FIT_ATTEMPTS):
-        over = _pools_over(s if probe is None else _closing(probe(resident - slack, slack)))
-        if over <= 0:
-            return s
-        more = slack + over + (resident - slack) // 64  # a little more: the next plan's peaks move too
-        t = None
-        if attempt < FIT_ATTEMPTS - 1 and more < resident:
-            try:
-                t = make(resident - more, more)
-            except BufferTooSmall:
-                pass
-        if t is None:
-            break
+    try:
+        for attempt in range(FIT_ATTEMPTS):
+            over = _pools_over(s if probe is None else _closing(probe(resident - slack, slack)))
+            if over <= 0:
+                return s
+            more = slack + over + (resident - slack) // 64  # a little more: the next plan's peaks move too
+            t = None
+            if attempt < FIT_ATTEMPTS - 1 and more < resident:
+                try:
+                    t = make(resident - more, more)
+                except BufferTooSmall:
+                    pass
+            if t is None:
+                break
+            s.close()
+            s, slack = t, more
+    except BaseException:
         s.close()
-        s, slack = t, more
+        raise
     s.close()
     if out is not None:
         from ..atomic import remove_quietly
         remove_quietly(out)
+    tried = (f"planning with {slack:,} bytes less residency did not close the gap" if slack else
+             "a plan with less residency does not hold a local batch")
     raise SpecError(f"the budget cannot hold this plan's pools: blocks of {n_sizes} sizes (whole chunks of fields "
                     f"chunked differently) need slots for each size's own peak, {over:,} bytes per rank beyond the "
-                    f"budget, and planning with less residency ({slack:,} bytes less) did not close the "
-                    f"gap; raise the budget, or plan on parts of chunks (solar plan without --no-parts)")
+                    f"budget, and {tried}; raise the budget, or plan on parts of chunks (parts=True, solar plan "
+                    f"without --no-parts, with a policy that keeps them)")
 
 
 class _closing:

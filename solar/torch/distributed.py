@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
 from datetime import timedelta
 from typing import Optional
 
@@ -95,17 +94,14 @@ def _mpi_world(t: Topology):
 
 
 def _mpi_rendezvous(t: Topology, timeout: timedelta):
-    """A ``TCPStore`` for the process group, or None to use ``MASTER_ADDR:MASTER_PORT`` (no MPI to agree over).
+    """A ``TCPStore`` for the process group, or None to use ``MASTER_ADDR:MASTER_PORT``.
 
-    In a job that MPI launched, rank 0 listens on a port the operating system gives it (no guess that another
-    process on the node may hold), or on ``MASTER_PORT`` where it is set and the process has started MPI
-    already (mpi4py imported: a port set by the user is always used as given, and without mpi4py imported
-    such a job needs no MPI), and sends its address and port to the other ranks over MPI.  The address: ``MASTER_ADDR``,
+    Without ``MASTER_PORT`` in a job that MPI launched, rank 0 listens on a port the operating system
+    gives it (no guess that another process on the node may hold) and sends its address and port to the
+    other ranks over MPI; a port set by the user is always used as given.  The address: ``MASTER_ADDR``,
     else 127.0.0.1 when every rank runs on rank 0's host, else rank 0's host name.  Whatever fails on rank 0
-    (a name that does not resolve, a port another process holds) is a SpecError on every rank, never a hang
-    of the others waiting for it (they did, for the 30 minutes of the timeout, when MASTER_PORT was in use)."""
-    given = os.environ.get("MASTER_PORT")
-    if given and "mpi4py.MPI" not in sys.modules:  # the user's port, and no MPI started: torch's own rendezvous
+    (a name that does not resolve, nothing to listen on) is a SpecError on every rank, never a hang."""
+    if "MASTER_PORT" in os.environ:
         return None
     comm = _mpi_world(t)
     if comm is None:
@@ -124,14 +120,9 @@ def _mpi_rendezvous(t: Topology, timeout: timedelta):
                    f"to an address every rank reaches rank 0 at")
         if not why:
             try:
-                store = dist.TCPStore(addr, t.master_port if given else 0, t.world_size, True, timeout=timeout,
-                                      wait_for_workers=False)
+                store = dist.TCPStore(addr, 0, t.world_size, True, timeout=timeout, wait_for_workers=False)
             except Exception as exc:  # noqa: BLE001 - any failure here must reach the other ranks, or they hang
-                first = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
-                why = (f"rank 0 cannot listen at {addr}:{t.master_port} for torch.distributed ({first}): another "
-                       "process holds MASTER_PORT? unset it (under MPI a free port is then picked) or choose another"
-                       if given else f"rank 0 cannot listen at {addr!r} for torch.distributed ({first}): set "
-                       "MASTER_ADDR")
+                why = f"rank 0 cannot listen at {addr!r} for torch.distributed ({exc}): set MASTER_ADDR"
     addr, port, why = comm.bcast((addr, store.port if store is not None else 0, why), root=0)
     if why:
         raise SpecError(why)
