@@ -447,7 +447,7 @@ def check_not_an_input(path: str, opt: str, args) -> None:
     import h5py
 
     from solar.errors import SpecError
-    if not os.path.lexists(path):
+    if not os.path.exists(path):  # (nothing there, or a dangling link: written through as any new file)
         return
     inputs = [args.plan] + [os.path.join(d, "solar-layout.json") if os.path.isdir(d) else d
                             for d in (args.data, args.valid) if d]

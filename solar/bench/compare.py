@@ -16,7 +16,6 @@ import re
 import time
 from typing import Callable, Optional
 
-from ..errors import SpecError
 from ..memory import DEFAULT_PREFETCH
 from ..layout.parts import is_parts
 from .equal_memory import (_enter_cgroup, _leave_cgroup, _limit, _limit_first, _limit_loader, _node_comm, _peak,
@@ -77,14 +76,16 @@ def mark_as_bench(path: str) -> None:
 def check_replaceable(path: str) -> None:
     """SolarError when ``--schedule PATH`` names a schedule the bench did not write (a user's plan): the bench
     replaces only its own.  Other files are refused by the planner (:func:`solar.schedule.output.check_target`)."""
-    from ..errors import SolarError
-    from ..schedule.output import is_schedule
-    if not (os.path.isfile(path) and is_schedule(path)):
-        return
     import h5py
-    with h5py.File(path, "r", locking=False) as f:
-        ours = bool(f.attrs.get(BENCH_MARK, False))
-    if not ours:
+
+    from ..errors import SolarError
+    from ..schedule.format import FORMAT
+    try:
+        with h5py.File(path, "r", locking=False) as f:
+            fmt, ours = f.attrs.get("format"), bool(f.attrs.get(BENCH_MARK, False))
+    except (OSError, ValueError):  # not HDF5 (or no file): the planner's own check names it
+        return
+    if (fmt.decode(errors="replace") if isinstance(fmt, bytes) else fmt) == FORMAT and not ours:
         raise SolarError(f"--schedule {path} is a schedule that solar bench did not write (a plan of yours?); "
                          "refusing to replace it: give a new path, or delete it first")
 
@@ -202,13 +203,10 @@ def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fra
         path = schedule or bench_schedule_path(lay, _data_name(spec), **job)
         _say(log, f"planning {P} rank(s) x local batch {local_batch}, {epochs} epoch(s), {lay.n_samples:,} samples")
         t0 = time.perf_counter()
-        try:
-            plan(lay, world_size=P, local_batch=local_batch, epochs=epochs, buffer_fraction=buffer_fraction,
-                 buffer_per_rank=buffer_per_rank, seed=seed, out=path, progress=progress, policy=policy,
-                 ranks_per_node=ranks_per_node, peer_cost=peer_cost, reads_in_flight=reads_in_flight, parts=parts,
-                 neighbours=neighbours).close()
-        except SpecError as exc:  # the planner names its output -o; here it is --schedule
-            raise type(exc)(str(exc).replace("choose another -o", "choose another --schedule")) from None
+        plan(lay, world_size=P, local_batch=local_batch, epochs=epochs, buffer_fraction=buffer_fraction,
+             buffer_per_rank=buffer_per_rank, seed=seed, out=path, progress=progress, policy=policy,
+             ranks_per_node=ranks_per_node, peer_cost=peer_cost, reads_in_flight=reads_in_flight, parts=parts,
+             neighbours=neighbours).close()
         mark_as_bench(path)
         secs = time.perf_counter() - t0
         _say(log, f"schedule written to {path} in {secs:.1f} s")

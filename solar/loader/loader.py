@@ -188,10 +188,11 @@ class SolarLoader:
                                                self.batch_bytes, prefetch)
             if buffer_device is None and self.schedule.buffer_place == "device":  # solar plan --device-buffer
                 buffer_device = _planned_device(self.schedule)
-                if device is not None and _device_type(device) == "cuda":
+                asked = _as_device(device)
+                if asked is not None and asked.type == "cuda":
                     # asked for the GPU: the planned buffer's batches are made there already; a GPU named by
                     # its index (device="cuda:1") is where the buffer goes
-                    if _device_index(device) is not None:
+                    if asked.index is not None:
                         buffer_device = device
                     device = None
             self.buffer_device = _check_buffer_device(buffer_device, self.nodes, as_torch, device, transform,
@@ -469,21 +470,14 @@ def _window_planner(schedule, rank: int, first) -> WindowPlanner:
     return WindowPlanner(schedule, rank, first)
 
 
-def _device_type(device) -> str:
-    """``"cuda"``, ``"cpu"``, ...: the type of a device given as text or ``torch.device`` (``""`` if torch cannot
-    read it; the loader's own checks then name it)."""
+def _as_device(device):
+    """A device given as text or ``torch.device``, as a ``torch.device``; None if it is None or torch cannot read
+    it (the loader's own checks then name it)."""
+    if device is None:
+        return None
     import torch
     try:
-        return torch.device(device).type
-    except (RuntimeError, TypeError):
-        return ""
-
-
-def _device_index(device):
-    """The index of a device given as text or ``torch.device`` (None without one, or if torch cannot read it)."""
-    import torch
-    try:
-        return torch.device(device).index
+        return torch.device(device)
     except (RuntimeError, TypeError):
         return None
 

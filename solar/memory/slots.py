@@ -80,13 +80,13 @@ def plan_pools(class_of, class_bytes, rank_plan, *, window: int, room: int):
 
 
 
-def largest_step_load(load: np.ndarray, load_ptr: np.ndarray, nbytes: np.ndarray, start: int = 0):
-    """``(bytes, step)`` of the step from ``start`` on whose loads take the most of ``nbytes`` (bytes per block:
-    a device buffer stages them in rows of their size class's width); ``(0, start)`` without loads."""
+def largest_step_load(load: np.ndarray, load_ptr: np.ndarray, nbytes: np.ndarray):
+    """``(bytes, step)`` of the step whose loads take the most of ``nbytes`` (bytes per block: a device buffer
+    stages them in rows of their size class's width); ``(0, 0)`` without loads."""
     load, ptr = np.asarray(load, np.int64), np.asarray(load_ptr, np.int64)
-    if not load.shape[0] or ptr.shape[0] - 1 <= start:
-        return 0, int(start)
+    if not load.shape[0]:
+        return 0, 0
     csum = np.concatenate(([0], np.cumsum(np.asarray(nbytes, np.int64)[load])))
-    per = csum[ptr[start + 1:]] - csum[ptr[start:-1]]
+    per = csum[ptr[1:]] - csum[ptr[:-1]]
     g = int(per.argmax())
-    return int(per[g]), int(start + g)
+    return int(per[g]), g

@@ -175,12 +175,13 @@ def plan(data: Union[str, "Demand", object], *, world_size: int, local_batch: Op
             return _write(w, where, lambda: run.advance(cfg.epochs, on_epoch=w.add_epoch,
                                                         progress=progress and horizon is None))
         probe = None if window == 0 else (lambda res, slack: make(res, slack, FIT_WINDOWS * window))
-        s = _fitting_pools(make, resident, demand.block_nbytes, probe, target)
+        s = _fitting_pools(make, resident, n_sizes, probe)
         if staging:
-            _check_largest_step(s, staging, host_budget, target)
+            _check_largest_step(s, staging, host_budget)
         return s
+    n_sizes = _n_sizes(demand.block_nbytes)
     try:
-        return _checked_output(out, bool(staging) or _several_sizes(demand.block_nbytes), build)
+        return _checked_output(out, bool(staging) or n_sizes > 1, build)
     except BufferTooSmall as exc:  # its figure is the residency: say what the rest of the rank's budget holds
         if budget == resident:
             raise
@@ -191,16 +192,16 @@ def plan(data: Union[str, "Demand", object], *, world_size: int, local_batch: Op
         raise BufferTooSmall(f"{exc} ({held})") from None
 
 
-def _several_sizes(block_nbytes) -> bool:
-    """Whether the blocks come in more than one pool size class (:func:`solar.memory.size_classes`)."""
+def _n_sizes(block_nbytes) -> int:
+    """How many pool size classes the blocks come in (:func:`solar.memory.size_classes`)."""
     from ..memory import size_classes
-    return size_classes(np.asarray(block_nbytes, np.int64))[1].shape[0] > 1
+    return int(size_classes(np.asarray(block_nbytes, np.int64))[1].shape[0])
 
 
 def _checked_output(out: Optional[str], checked: bool, build) -> Schedule:
-    """``build(target)``: a plan written at ``target`` and checked there (a check may refuse it after writing, and
-    then removes it).  With ``checked``, ``target`` is a name beside ``out``, renamed over it once ``build``
-    returns: a refused plan leaves ``out`` as it was (a schedule ``solar plan -o`` would have replaced)."""
+    """``build(target)``: a plan written at ``target`` and checked there (a check may refuse it after writing).
+    With ``checked``, ``target`` is a name beside ``out``, renamed over it once ``build`` returns and removed if it
+    raises: a refused plan leaves ``out`` as it was (a schedule ``solar plan -o`` would have replaced)."""
     if out is None or not checked:
         return build(out)
     from ..atomic import remove_quietly, temp_name
@@ -215,8 +216,8 @@ def _checked_output(out: Optional[str], checked: bool, build) -> Schedule:
     return Schedule.load(out)
 
 
-def _check_largest_step(s: Schedule, staging: int, host_budget: int, out: Optional[str]) -> None:
-    """SpecError (the file removed) when a step of a device plan stages more misses on the host than its host
+def _check_largest_step(s: Schedule, staging: int, host_budget: int) -> None:
+    """SpecError (``s`` closed) when a step of a device plan stages more misses on the host than its host
     budget leaves for them (rows of their size class's width; a plan on parts of chunks also loads, at a step,
     the rows of its chunks that later steps use)."""
     from ..memory import largest_step_load, size_classes
@@ -228,9 +229,6 @@ def _check_largest_step(s: Schedule, staging: int, host_budget: int, out: Option
     if worst[0] <= staging:
         return
     s.close()
-    if out is not None:
-        from ..atomic import remove_quietly
-        remove_quietly(out)
     from ..layout.summary import human_bytes as hb
     need = host_budget - staging + worst[0]
     raise SpecError(f"a host budget of {host_budget:,} bytes per rank cannot stage the device buffer's reads of step "
@@ -337,9 +335,9 @@ def _plan_resumed(data, state, *, world_size: int, local_batch, epochs, buffer_p
                            layout=None if data is demand else data, resume=job.record, nodes=nodes,
                            read_ahead_bytes=ahead, pool_slack_bytes=slack)
         return _write(w, target, lambda: run.advance(w.add_epoch, progress=progress))
-    return _checked_output(out, _several_sizes(demand.block_nbytes),
-                           lambda target: _fitting_pools(lambda res, slack: make(res, slack, target), resident,
-                                                         demand.block_nbytes, None, target))
+    n_sizes = _n_sizes(demand.block_nbytes)
+    return _checked_output(out, n_sizes > 1, lambda target: _fitting_pools(
+        lambda res, slack: make(res, slack, target), resident, n_sizes))
 
 
 #: Plans made at most by :func:`_fitting_pools` (the first and the re-plans with less residency).
@@ -348,7 +346,7 @@ FIT_ATTEMPTS = 4
 FIT_WINDOWS = 4
 
 
-def _fitting_pools(make, resident: int, block_nbytes, probe=None, out: Optional[str] = None) -> Schedule:
+def _fitting_pools(make, resident: int, n_sizes: int, probe=None) -> Schedule:
     """``make(residency, slack)`` (a plan written, open), planned again with ``slack`` bytes less residency while
     a rank's (or node's) pools do not fit the memory it was planned for.
 
@@ -359,17 +357,15 @@ def _fitting_pools(make, resident: int, block_nbytes, probe=None, out: Optional[
     checks is the user's budget still.  One block size: planned once, as before.  ``probe(residency, slack)``: a plan to
     measure instead of the file's (an open-ended plan's first :data:`FIT_WINDOWS` windows, which the loader
     plans with the file's residency; later windows are not checked here, the loader checks each one).  When no
-    re-plan fits (the budget cannot hold a batch with less residency), a SpecError with the figures, and no file
-    at ``out``."""
-    from ..memory import size_classes
+    re-plan fits (the budget cannot hold a batch with less residency), a SpecError with the figures (the plan
+    closed; :func:`_checked_output` removes its file).  ``n_sizes``: the blocks' pool size classes."""
     s = make(resident, 0)
-    n_sizes = size_classes(np.asarray(block_nbytes, np.int64))[1].shape[0]
     if n_sizes < 2:
         return s
     slack = 0
     try:
         for attempt in range(FIT_ATTEMPTS):
-            over = _pools_over(s if probe is None else _closing(probe(resident - slack, slack)))
+            over = _pools_over(s) if probe is None else _pools_over(probe(resident - slack, slack), close=True)
             if over <= 0:
                 return s
             more = slack + over + (resident - slack) // 64  # a little more: the next plan's peaks move too
@@ -387,9 +383,6 @@ def _fitting_pools(make, resident: int, block_nbytes, probe=None, out: Optional[
         s.close()
         raise
     s.close()
-    if out is not None:
-        from ..atomic import remove_quietly
-        remove_quietly(out)
     tried = (f"planning with {slack:,} bytes less residency did not close the gap" if slack else
              "a plan with less residency does not hold a local batch")
     raise SpecError(f"the budget cannot hold this plan's pools: blocks of {n_sizes} sizes (whole chunks of fields "
@@ -398,21 +391,13 @@ def _fitting_pools(make, resident: int, block_nbytes, probe=None, out: Optional[
                     f"without --no-parts, with a policy that keeps them)")
 
 
-class _closing:
-    """A probe schedule measured once, then closed (``_pools_over(_closing(s))``)."""
-
-    def __init__(self, s: Schedule):
-        self.s = s
-
-
-def _pools_over(s) -> int:
+def _pools_over(sch: Schedule, close: bool = False) -> int:
     """Bytes per rank by which the rank (or node) of ``s`` furthest over the memory it was planned for is over it
     (<= 0: all within it): pools for the residency, batches and bookkeeping against the limit, with the loader's
-    defaults (:mod:`solar.schedule.memory`; slots for reads in flight get what is left).  ``s``: a Schedule, or
-    a :class:`_closing` one (closed after)."""
+    defaults (:mod:`solar.schedule.memory`; slots for reads in flight get what is left).  ``close``: close
+    ``sch`` after (a probe)."""
     from ..errors import SolarError
     from .memory import schedule_memory, schedule_node_memory
-    sch = s.s if isinstance(s, _closing) else s
     try:
         layout = sch.layout() if getattr(sch, "has_layout", False) else None
         if sch.nodes is not None:
@@ -424,7 +409,7 @@ def _pools_over(s) -> int:
     except SolarError:
         return 0
     finally:
-        if isinstance(s, _closing):
+        if close:
             sch.close()
     over = max(m.resident + m.batches + m.bookkeeping - m.limit for m in needs)
     return -(-over // L)

@@ -46,13 +46,14 @@ def check_target(out: str, files: Iterable[str] = (), spec=None):
     if os.path.exists(out):
         for f in files:
             if _same_file(out, f):
-                raise SpecError(f"output {out} is the input data file {f}; choose another -o")
+                raise SpecError(f"output {out} is the input data file {f}; choose another output path")
     pat = _matching_pattern(out, spec) if spec is not None else None
     if pat is not None:
         raise SpecError(f"output {out} matches the layout's file pattern {pat!r} and would be read as data next "
                         f"time; choose an -o outside {spec.root} or one the pattern does not match")
     if os.path.lexists(out) and not is_schedule(out):
-        raise SpecError(f"output {out} exists and is not a solar schedule; refusing to replace it (choose another -o)")
+        raise SpecError(f"output {out} exists and is not a solar schedule; refusing to replace it (choose another "
+                        "output path)")
 
 
 def _same_file(a: str, b: str) -> bool:

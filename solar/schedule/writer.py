@@ -66,15 +66,12 @@ class ScheduleWriter:
         self.path, self.cfg, self.S, self.window = path, cfg, steps_per_epoch, int(window)
         if buffer_place not in ("host", "device"):
             raise ValueError(f"buffer_place must be 'host' or 'device', got {buffer_place!r}")
-        if isinstance(read_ahead_bytes, bool) or not isinstance(read_ahead_bytes, int) or read_ahead_bytes < 0:
-            raise ValueError(f"read_ahead_bytes must be an integer >= 0, got {read_ahead_bytes!r}")
-        if isinstance(host_staging_bytes, bool) or not isinstance(host_staging_bytes, int) or host_staging_bytes < 0:
-            raise ValueError(f"host_staging_bytes must be an integer >= 0, got {host_staging_bytes!r}")
+        for name, v in (("read_ahead_bytes", read_ahead_bytes), ("host_staging_bytes", host_staging_bytes),
+                         ("pool_slack_bytes", pool_slack_bytes)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {v!r}")
         self.buffer_place, self.read_ahead_bytes = buffer_place, read_ahead_bytes
-        self.host_staging_bytes = host_staging_bytes
-        if isinstance(pool_slack_bytes, bool) or not isinstance(pool_slack_bytes, int) or pool_slack_bytes < 0:
-            raise ValueError(f"pool_slack_bytes must be an integer >= 0, got {pool_slack_bytes!r}")
-        self.pool_slack_bytes = pool_slack_bytes
+        self.host_staging_bytes, self.pool_slack_bytes = host_staging_bytes, pool_slack_bytes
         self.resume = resume
         self.nodes, self.cost = nodes if nodes is not None else (None, None)
         if resume is not None and self.window:
