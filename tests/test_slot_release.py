@@ -74,3 +74,55 @@ def test_no_step_gathers_an_overwritten_slot(tmp_path_factory, n, f, b, seed, sp
                 if g % 3 == 0:
                     time.sleep(0.002)  # the consumer lags now and then: reads run ahead
         assert bad == []
+
+
+class GatedReader:
+    """Fills block b with its pattern; a read of block ``gate`` waits for ``open`` to be set; records the blocks asked
+    for as they are asked."""
+
+    collective = False
+
+    def __init__(self, gate: int):
+        self.gate, self.open, self.asked = gate, threading.Event(), []
+
+    def read_blocks(self, blocks, out):
+        blocks = np.asarray(blocks).tolist()
+        self.asked.extend(blocks)
+        if self.gate in blocks:
+            self.open.wait(10)
+        for b, v in zip(blocks, out):
+            v[:] = _pattern(int(b), v.shape[0])
+        return SimpleNamespace(n_reads=len(out), bytes_read=sum(v.nbytes for v in out))
+
+
+def test_a_slot_is_free_once_its_block_s_last_use_is_assembled():
+    """Steps 0-3 each use one new block, the pools hold 3: step 3 evicts block 0 (last used at step 0).  Its slot is
+    free once step 0 is assembled, so step 3's read starts while step 2's is still in flight (before: only once step
+    2 was assembled, the step before the eviction, so one slow read held every read after it)."""
+    from solar.schedule import RankPlan
+    n, nb = 4, 4096
+    one = np.ones(n, np.int32)
+    arrays = {"samples": np.arange(n, dtype=np.int64), "samples_count": one,
+              "load": np.arange(n, dtype=np.int64), "load_count": one,
+              "evict": np.array([0], np.int64), "evict_count": np.array([0, 0, 0, 1], np.int32),
+              "stats": np.zeros((n, 5), np.int64)}
+    demand = {"sample_ptr": np.arange(n + 1, dtype=np.int64), "sample_blocks": np.arange(n, dtype=np.int64),
+              "block_nbytes": np.full(n, nb, np.int64)}
+    reader = GatedReader(gate=2)
+    out = []
+
+    def assemble(g, samples, lookup):
+        v = lookup(int(samples[0]))
+        out.append(bool(np.array_equal(v, _pattern(int(samples[0]), nb))))
+        return g
+    with BufferManager(RankPlan(0, arrays), demand, reader, assemble, budget=3 * nb, prefetch=2, io_depth=4) as bm:
+        assert bm.pools.slots.tolist() == [3]  # no slot beyond the plan's residency
+        assert bm.get(0) == 0 and bm.get(1) == 1
+        deadline = time.monotonic() + 5
+        while 3 not in reader.asked and time.monotonic() < deadline:
+            time.sleep(0.005)
+        started = 3 in reader.asked
+        reader.open.set()
+        assert [bm.get(g) for g in (2, 3)] == [2, 3]
+    assert started, "step 3's read waited for step 2's"
+    assert out == [True] * n
