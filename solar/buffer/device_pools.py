@@ -17,9 +17,9 @@ block size class, the same allocation), placed on a torch device: ``arrays[c]`` 
 
 On CUDA every device operation is queued on a side stream of the buffer's thread; a batch is handed to the
 training stream with an event (:class:`DeviceBatch`), as :class:`~solar.torch.device.DeviceMover` does.  The
-order of the side stream keeps a slot's old bytes until every batch gathered from them is made: a slot freed at
-step q takes a miss of a later step only after step q-1 was gathered (the buffer's rule for every place), and
-that miss's copy is queued after that gather.  On another device (the CPU, which the tests use as the device)
+order of the side stream keeps a slot's old bytes until every batch gathered from them is made: a freed slot
+takes a miss of a later step only after the last step that used its block was gathered (the buffer's rule for
+every place), and that miss's copy is queued after that gather.  On another device (the CPU, which the tests use as the device)
 the same operations run in order, synchronously.
 """
 from __future__ import annotations

@@ -15,9 +15,9 @@ slots, so allocation is O(1) and never fragments.  The pool sizes come from repl
   resident at once (:func:`slots_needed`, ``window=0``), times its slot size.  The planner keeps the
   resident bytes at most its budget at every step; with one block size (or planning units of one mix of
   sizes) ``resident`` is that peak exactly.
-* ``staging``: extra pool slots for reads in flight.  A slot evicted at step q is reused only once step
-  q-1 is assembled, so with reads of several steps in flight evicted slots are held for a while
-  (``window`` steps).  ``staging`` is what the room left inside the limit allows, never more than the plan
+* ``staging``: extra pool slots for reads in flight.  A slot evicted at step q is reused only once the last
+  step that read or used its block is assembled (at the latest step q-1), so with reads of several steps in
+  flight evicted slots are held for a while (at most ``window`` steps: the bound counted here).  ``staging`` is what the room left inside the limit allows, never more than the plan
   would hold with ``window`` steps in flight (:func:`pool_slots`); the buffer runs fewer steps' reads at
   once when the pools are full, so it never needs more.
 * ``batches``: ``prefetch`` assembled batches waiting in the queue plus the one the training loop holds,
