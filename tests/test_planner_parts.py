@@ -180,3 +180,22 @@ def test_parts_read_less_than_chunks_at_half_the_data(tmp_path):
     assert got["chunks"][0] > 1.3 * file_bytes
     assert got["parts"][0] < 1.2 * file_bytes and got["parts"][0] < 0.8 * got["chunks"][0]
     assert got["parts"][1] <= got["chunks"][1]
+
+
+def test_a_plan_on_parts_shows_the_data_s_own_fingerprint_too(tmp_path, capsys):
+    """`solar inspect DATA` shows the data's fingerprint; a plan on its parts carries the parts' (what the loader
+    checks) and says which one the data shows, so the two can be matched by eye."""
+    import solar
+    from solar.cli import main
+    from solar.gen import GenConfig, Storage, generate
+    generate("ptychonn", str(tmp_path / "d"), GenConfig(samples=64, size=16, seed=1,
+                                                        storage=Storage.preset("gzip", chunk_samples=4)))
+    data = load_layout(str(tmp_path / "d"))
+    plan = str(tmp_path / "plan.h5")
+    solar.plan(str(tmp_path / "d"), world_size=2, local_batch=4, epochs=1, buffer_fraction=0.5, out=plan).close()
+    assert main(["inspect", plan]) == 0
+    out = capsys.readouterr().out
+    parts_fp = split_chunks(data).fingerprint
+    assert f"fingerprint {parts_fp[:16]} (of its parts; the data's own: {data.fingerprint[:16]})" in out
+    with solar.Schedule.load(plan) as s:
+        assert (s.fingerprint, s.data_fingerprint) == (parts_fp, data.fingerprint)

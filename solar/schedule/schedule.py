@@ -124,6 +124,9 @@ class Schedule:
         #: a device plan's host memory per rank for misses staged on their way to the device (0: not bounded)
         self.host_staging_bytes = checks.attr_int(a, "host_staging_bytes", 1, 2**62) \
             if "host_staging_bytes" in a else 0
+        #: a plan on parts of chunks: the fingerprint of the data's own layout (whole chunks), which `solar inspect
+        #: DATA` shows; ``fingerprint`` is that of its parts (empty: not recorded, or whole chunks)
+        self.data_fingerprint = checks.attr_str(a, "data_fingerprint") if "data_fingerprint" in a else ""
         #: bytes of a run of neighbouring blocks the plan read together (:mod:`solar.layout.runs`); 0: none
         self.neighbour_run_bytes = checks.attr_int(a, "neighbour_run_bytes", 1, 2**40) \
             if "neighbour_run_bytes" in a else 0
@@ -571,7 +574,7 @@ class Schedule:
     def summary(self) -> dict:
         p = self.predicted()
         return {"path": self.path, "policy": self.policy, "solar_version": self.solar_version,
-                "fingerprint": self.fingerprint, "source": self.source_rel, "source_abs": self.source_abs,
+                "fingerprint": self.fingerprint, "data_fingerprint": self.data_fingerprint, "source": self.source_rel, "source_abs": self.source_abs,
                 "format_version": self.version, "config": self.config.to_dict(), "layout_bytes": self.layout_bytes,
                 "open_ended": self.open_ended, "window": self.window, "resume": self.resume,
                 "buffer_place": self.buffer_place, "read_ahead_bytes": self.read_ahead_bytes,

@@ -124,6 +124,9 @@ class ScheduleWriter:
             a["host_staging_bytes"] = np.int64(self.host_staging_bytes)
         if self.pool_slack_bytes:
             a["pool_slack_bytes"] = np.int64(self.pool_slack_bytes)
+        chunks = getattr(layout, "_chunks", None)
+        if chunks is not None:  # planned on parts of chunks: the fingerprint is the parts'; `solar inspect DATA` shows
+            put_text(a, "data_fingerprint", chunks.fingerprint)  # this one (display only: the checks use the parts')
         if demand.extent_runs:  # planned with runs of neighbours: the loader cuts the same runs to plan on
             from ..layout.runs import RUN_BYTES
             a["neighbour_run_bytes"] = np.int64(RUN_BYTES)
