@@ -254,7 +254,7 @@ def test_numba_cache_dir_on_a_full_disk_compiles_without_it(tmp_path, data):
         cache = os.path.join(full, "numba")
         env = {**os.environ, "PYTHONPATH": REPO, "NUMBA_CACHE_DIR": cache}
         res = subprocess.run([sys.executable, "-c", NUMBA_CACHE_ON_A_FULL_DISK, "plan", data, "-P", "1", "-b", "4",
-                              "--epochs", "2", "--buffer-fraction", "0.5", "-o", str(out)],
+                              "--epochs", "2", "--buffer-fraction", "0.5", "--no-progress", "-o", str(out)],
                              capture_output=True, text=True, env=env, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "Traceback" not in res.stderr and "damaged" not in res.stderr, res.stderr[-3000:]

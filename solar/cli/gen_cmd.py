@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 
 from ..gen import PRESETS, STORAGE_PRESETS, GenConfig, Storage, generate
@@ -51,7 +50,7 @@ def add_parser(sub):
     p.add_argument("--fletcher32", action="store_true", default=None, help="add Fletcher-32 checksums")
     p.add_argument("--overwrite", action="store_true",
                    help="write into OUTDIR even if it holds files (those of the same name are replaced)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-progress", action="store_true", help="no progress on stderr (default: a bar on a terminal; in a log file or pipe a line every 10 s of long work)")
     p.add_argument("--json", action="store_true", help="print the written spec as JSON")
     p.set_defaults(run=run)
     return p
@@ -75,7 +74,7 @@ def run(args) -> int:
         storage = Storage.preset(args.storage or ("multi" if args.chunk_samples else "chunked"),
                                  chunk_samples=args.chunk_samples, fletcher32=args.fletcher32)
     cfg = GenConfig(samples=args.samples, seed=args.seed, size=args.size, steps=args.steps, storage=storage,
-                    variant=args.variant, progress=not args.no_progress and sys.stderr.isatty())
+                    variant=args.variant, progress=not args.no_progress)
     t = time.perf_counter()
     spec = generate(args.preset, args.outdir, cfg)
     dt = time.perf_counter() - t

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 from ..errors import SpecError
 from ..layout import load_layout
@@ -34,6 +33,8 @@ def add_parser(sub):
                         "SPEC/solar-layout.json), its file path relative to SPEC's folder, ready for "
                         "'solar plan SPEC'; an existing file is kept unless --overwrite")
     p.add_argument("--overwrite", action="store_true", help="let --save-spec replace an existing file")
+    p.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="no progress on stderr (default: a bar on a terminal; in a log file or pipe a line every 10 s of long work)")
     p.set_defaults(run=run)
     return p
 
@@ -53,7 +54,7 @@ def run(args) -> int:
     if os.path.isdir(args.path) or args.path.endswith(".json") or not os.path.exists(args.path):
         if os.path.exists(args.path):  # a missing path: load_layout names it
             _no_file_options(file_only, f"{args.path} is a spec or a folder, not one")
-        layout = load_layout(args.path, progress=sys.stderr.isatty())
+        layout = load_layout(args.path, progress=args.progress)
         s = summarize(layout)
         print(json.dumps(s, indent=2) if args.json else format_summary(s))
         return 0
@@ -66,7 +67,7 @@ def _describe(args) -> int:
     if args.overwrite and args.save_spec is None:
         raise SpecError("--overwrite goes with --save-spec")
     dest = spec_destination(args.save_spec, args.overwrite) if args.save_spec is not None else None
-    d = describe_file(args.path, alternative=args.alternative or 0, progress=sys.stderr.isatty())
+    d = describe_file(args.path, alternative=args.alternative or 0, progress=args.progress)
     if dest is not None and "layout_error" not in d:
         d["saved_spec"] = save_spec(chosen_spec(d, os.path.dirname(os.path.abspath(dest))), dest)
     print(json.dumps(d, indent=2) if args.json else format_description(d))

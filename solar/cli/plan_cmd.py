@@ -99,6 +99,8 @@ def add_parser(sub):
     p.add_argument("--fields", help="plan only these fields, comma-separated (default: all the spec's fields)")
     p.add_argument("-o", "--output", default="plan.h5", help="schedule file to write (default plan.h5)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="no progress on stderr (default: a bar on a terminal; in a log file or pipe a line every 10 s of long work)")
     p.set_defaults(run=run)
     return p
 
@@ -152,7 +154,7 @@ def run(args) -> int:
               drop_last=args.drop_last, epsilon=args.epsilon, split=args.split, fields=args.fields,
               window=args.window, resume_from=args.resume_from, reads_in_flight=args.reads_in_flight,
               parts=args.parts, neighbours=args.neighbours)
-    s = plan(args.spec, policy=args.policy, out=args.output, progress=sys.stderr.isatty(), ranks_per_node=L,
+    s = plan(args.spec, policy=args.policy, out=args.output, progress=args.progress, ranks_per_node=L,
              peer_cost=cost, device_buffer=args.device_buffer, **kw)
     summary = s.summary()
     s.close()

@@ -84,6 +84,8 @@ def add_parser(sub):
                    help=f"peer policies: bytes/s a storage read moves (default {DEFAULT_STORAGE_BPS:.3g}); a block "
                         f"is sent rather than read when its decoded bytes travel faster than its stored bytes")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="no progress on stderr (default: a bar on a terminal; in a log file or pipe a line every 10 s of long work)")
     p.add_argument("--plot", metavar="PNG", help="write hit rate vs buffer fraction per policy")
     p.set_defaults(run=run)
     return p
@@ -107,7 +109,7 @@ def run(args) -> int:
     if args.spec:
         from ..layout import load_layout
         from ..layout.parts import split_chunks
-        layout = load_layout(args.spec, progress=sys.stderr.isatty())
+        layout = load_layout(args.spec, progress=args.progress)
         demand = Demand.from_layout(layout)
         cut = split_chunks(layout) if args.parts else None
         parts = Demand.from_layout(cut) if cut is not None else None
@@ -139,7 +141,7 @@ def run(args) -> int:
     rows = []
     for frac, per_rank in budgets:
         res = simulate(demand, P, args.local_batch, args.epochs, per_rank, seed=args.seed, drop_last=args.drop_last,
-                       epsilon=args.epsilon, policies=args.policies, progress=sys.stderr.isatty(),
+                       epsilon=args.epsilon, policies=args.policies, progress=args.progress,
                        group_blocks=args.group_blocks, ranks_per_node=args.ranks_per_node, cost=cost, parts=parts)
         rows.append({"fraction": frac, "buffer_per_rank": per_rank, "results": res})
     if args.plot:

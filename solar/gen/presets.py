@@ -49,9 +49,9 @@ def _rng(seed: int, *keys: int) -> np.random.Generator:
     return np.random.default_rng([seed, *keys])
 
 
-def _bar(total: int, desc: str, enabled: bool):
-    from tqdm import tqdm
-    return tqdm(total=total, desc=desc, unit="sample", disable=not enabled, leave=False)
+def _bar(total: int, desc: str, progress):
+    from ..progress import counter
+    return counter(total, desc, "sample", progress)
 
 
 def _storage(cfg: GenConfig, default: Storage) -> Storage:

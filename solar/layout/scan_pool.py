@@ -195,8 +195,8 @@ def scan_files(spec: LayoutSpec, paths: Sequence[str], workers: Optional[int] = 
     workers = default_workers(len(paths)) if workers is None else check_workers(workers)
     bar = None
     if progress and len(paths) > 20:
-        from tqdm import tqdm
-        bar = tqdm(total=len(paths), desc="layout", unit="file")
+        from ..progress import counter
+        bar = counter(len(paths), "layout", "file", progress)
     pool = _Pool(spec, paths, max(1, min(workers, len(paths))), bar)
     threads = [threading.Thread(target=pool.helper, daemon=True, name=f"solar-scan-{k}")
                for k in range(min(workers, len(pool.chunks)) - 1)]

@@ -173,7 +173,7 @@ def plan(data: Union[str, "Demand", object], *, world_size: int, local_batch: Op
                                buffer_place="host" if device_buffer is None else "device", read_ahead_bytes=ahead,
                                host_staging_bytes=staging, pool_slack_bytes=slack)
             return _write(w, where, lambda: run.advance(cfg.epochs, on_epoch=w.add_epoch,
-                                                        progress=progress and horizon is None))
+                                                        progress=progress if horizon is None else False))
         probe = None if window == 0 else (lambda res, slack: make(res, slack, FIT_WINDOWS * window))
         s = _fitting_pools(make, resident, n_sizes, probe)
         if staging:

@@ -484,8 +484,8 @@ class PlanRun:
         result = PolicyResult(self.pol.name, [self.source_epoch(e) for e in range(self.planned, stop)])
         it = range(self.planned, int(stop))
         if progress:
-            from tqdm import tqdm
-            it = tqdm(it, desc=f"plan {self.pol.name}", unit="epoch", leave=False)
+            from ..progress import each
+            it = each(it, len(it), f"plan {self.pol.name}", "epoch", progress)
         pool = ThreadPoolExecutor(1, thread_name_prefix="solar-plan-ahead") if int(stop) - self.planned > 1 else None
         try:
             for e in it:

@@ -1,0 +1,104 @@
+"""Progress of long work on stderr: a bar on a terminal, plain lines in a log file or pipe (a SLURM job's output).
+
+``progress`` arguments across solar take ``False`` (nothing), ``True`` (a bar where stderr is a terminal, lines
+otherwise), ``"bar"`` or ``"lines"``.  Lines come at most every :data:`LINE_EVERY_S` seconds, so work shorter
+than that prints nothing, and a last line says how long it took once any line was printed.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from typing import Optional, Union
+
+#: Seconds between two plain progress lines.
+LINE_EVERY_S = 10.0
+
+Mode = Union[bool, str, None]
+
+
+def resolve(mode: Mode, stream=None) -> Optional[str]:
+    """``"bar"``, ``"lines"`` or None for a ``progress`` argument (True: a bar on a terminal, else lines)."""
+    if mode is None or mode is False:
+        return None
+    if mode is True:
+        stream = sys.stderr if stream is None else stream
+        try:
+            return "bar" if stream.isatty() else "lines"
+        except (AttributeError, ValueError):  # replaced or closed
+            return "lines"
+    if mode in ("bar", "lines"):
+        return mode
+    raise ValueError(f"progress must be True, False, 'bar' or 'lines', got {mode!r}")
+
+
+class Lines:
+    """A tqdm-like counter (``update``, ``close``, a context manager) that prints ``"<desc>: n/total unit (s)"`` on
+    ``stream`` (default stderr) at most every ``every_s`` seconds (default :data:`LINE_EVERY_S`)."""
+
+    def __init__(self, total: Optional[int], desc: str, unit: str, stream=None, every_s: Optional[float] = None,
+                 clock=time.monotonic):
+        self.total, self.desc, self.unit, self.n = total, desc, unit, 0
+        self.stream, self.clock = stream, clock
+        self.every_s = float(LINE_EVERY_S if every_s is None else every_s)
+        self.t0 = self.last = clock()
+        self.printed = False
+
+    def _print(self, text: str) -> None:
+        stream = sys.stderr if self.stream is None else self.stream
+        print(f"{self.desc}: {text}", file=stream, flush=True)
+        self.printed = True
+
+    def _count(self) -> str:
+        of = f"/{self.total:,}" if self.total is not None else ""
+        return f"{self.n:,}{of} {self.unit}{'' if self.n == 1 and not of else 's'}"
+
+    def update(self, n: int = 1) -> None:
+        self.n += int(n)
+        now = self.clock()
+        if now - self.last >= self.every_s:
+            self.last = now
+            self._print(f"{self._count()} ({now - self.t0:.0f} s)")
+
+    def close(self) -> None:
+        if self.printed:
+            self._print(f"{self._count()}, done in {self.clock() - self.t0:.0f} s")
+            self.printed = False
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class _Nothing:
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+
+def counter(total: Optional[int], desc: str, unit: str, mode: Mode):
+    """A counter for ``mode`` (see :func:`resolve`): a tqdm bar, :class:`Lines`, or one that shows nothing."""
+    how = resolve(mode)
+    if how == "bar":
+        from tqdm import tqdm
+        return tqdm(total=total, desc=desc, unit=unit, leave=False)
+    if how == "lines":
+        return Lines(total, desc, unit)
+    return _Nothing()
+
+
+def each(iterable, total: Optional[int], desc: str, unit: str, mode: Mode):
+    """``iterable``'s items, counted on a :func:`counter` as each one is done (the next one asked for)."""
+    with counter(total, desc, unit, mode) as c:
+        for x in iterable:
+            yield x
+            c.update(1)
