@@ -67,7 +67,7 @@ def test_helper_process_scans_give_the_serial_layout(datasets, kind):
 def test_parallel_build_equals_serial(datasets, capsys):
     spec = find_spec(datasets["whole"])
     serial = build_layout(spec, workers=1)
-    par = build_layout(spec, workers=2, progress=True)
+    par = build_layout(spec, workers=2, progress="bar")
     assert_same_layout(serial, par)
     assert "layout" in capsys.readouterr().err  # the progress bar
     assert len(serial.files) == 40 and serial.n_samples == 40

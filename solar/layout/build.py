@@ -432,7 +432,7 @@ def build_layout(spec: LayoutSpec, progress: bool = False, workers: Optional[int
     :func:`~solar.layout.scan_pool.default_workers`: the cores this process may
     use, shared with the other ranks of the node; 1: in this process only), see
     :mod:`solar.layout.scan_pool`.  The result does not depend on ``workers``.
-    ``progress``: a tqdm bar over the files (more than 20).
+    ``progress``: progress over the files (more than 20), as :mod:`solar.progress` takes it.
 
     Raises :class:`~solar.errors.LayoutError` (one line, naming the culprit)
     for a missing file, dataset or group, a broken external link, disagreeing

@@ -27,9 +27,10 @@ def slots_needed(class_of: np.ndarray, n_classes: int, load: np.ndarray, load_pt
     """int64[C]: the most slots of each class in use at once over the plan's G steps.
 
     ``load``/``evict`` hold block ids with int64[G+1] pointers (one rank's plan).
-    With reads of several steps in flight, a slot evicted at step q is reused only
-    once step q-1 is assembled: ``window`` steps of evictions stay held on top of
-    the resident blocks (0: the plan's own peak).
+    With reads of several steps in flight, a slot evicted at step q is reused once
+    the last step that touched its block is assembled, at the latest step q-1: counted
+    at that latest, ``window`` steps of evictions stay held on top of the resident
+    blocks (0: the plan's own peak), an upper bound of what the buffer holds.
     """
     G = load_ptr.shape[0] - 1
     delta = np.zeros((G, n_classes), dtype=np.int64)  # (G, C) resident change per step
