@@ -145,7 +145,7 @@ def test_solar_plan_resumes_a_job_as_a_node_plan(well_dir, tmp_path, capsys):
     assert main(["plan", well_dir, "--resume-from", path, "-P", "4", "--ranks-per-node", "3",
                  "--buffer-fraction", "0.5", "-o", out]) == 2
     err = capsys.readouterr().err
-    assert "ranks_per_node 3 does not divide world_size 4" in err and len(err.strip().splitlines()) == 1
+    assert "--ranks-per-node 3 does not divide -P/--world-size 4" in err and len(err.strip().splitlines()) == 1
 
 
 # ------------------------------------------------------------------------------------ the loader (mpi)

@@ -139,6 +139,9 @@ def run(args) -> int:
         raise SpecError("--resume-from plans a fixed number of epochs: give --epochs N (the job's total), not "
                         "--epochs auto or --window")
     L, found, note = _ranks_per_node(args)
+    if L is not None and args.world_size is not None and args.world_size % L:
+        raise SpecError(f"--ranks-per-node {L} does not divide -P/--world-size {args.world_size}: every node must "
+                        f"run the same number of ranks")
     if note and L is not None:
         note += "; --no-node-pool for a buffer per rank"
     cost = None
