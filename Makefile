@@ -28,7 +28,7 @@ demo: env
 	$(VENV)/bin/solar simulate $(DATA) -P 8 -b 32 --epochs 4 --buffer-fraction 0.25 0.5 0.9 --plot $(DATA)/hit-rate.png
 	$(VENV)/bin/solar plan $(DATA) -P $(NP) -b 32 --epochs 3 --buffer-fraction 0.5 -o $(DATA)/plan.h5
 	$(VENV)/bin/mpiexec -n $(NP) $(VENV)/bin/solar bench $(DATA) --epochs 3 --buffer-fraction 0.5 --cold --json \
-	    > $(DATA)/bench.json
+	    --plot $(DATA)/bench.png > $(DATA)/bench.json
 	$(VENV)/bin/solar gen ptychonn $(DATA)-valid --samples 128 --seed 1 --no-progress --overwrite
 	$(VENV)/bin/solar simulate $(DATA) -P $(NP) -b 16 --epochs 2 --buffer-fraction 0.5 --ranks-per-node $(NP) \
 	    --policies solar-peer ideal --json > $(DATA)/train-simulate.json
@@ -36,7 +36,7 @@ demo: env
 	    --valid $(DATA)-valid $(TRAIN) --plan $(DATA)/train-plan.h5 --replan --buffer-fraction 0.5 \
 	    --log-json $(DATA)/train.jsonl --plot $(DATA)/train-loss.png
 	$(PY) examples/demo_report.py --bench $(DATA)/bench.json --simulate $(DATA)/train-simulate.json \
-	    --train $(DATA)/train.jsonl --plots $(DATA)/hit-rate.png $(DATA)/train-loss.png
+	    --train $(DATA)/train.jsonl --plots $(DATA)/bench.png $(DATA)/hit-rate.png $(DATA)/train-loss.png
 
 test-unit: env
 	$(PY) -m pytest -q tests

@@ -220,7 +220,9 @@ def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fra
     paths = list(layout.files)
     drop, how = make_cache_dropper(paths, cache_mode if cold else "none", comm=comm)
     report = {"spec": spec, "world_size": P, "local_batch": local_batch, "epochs": epochs, "seed": seed,
-              "step_time_s": step_time, "cache": how, "dataset_file_bytes": sum(os.path.getsize(p) for p in paths),
+              "step_time_s": step_time, "cache": how,
+              "buffer_fraction": buffer_fraction if buffer_per_rank is None else None,
+              "dataset_file_bytes": sum(os.path.getsize(p) for p in paths),
               "n_samples": layout.n_samples, "plan_s": plan_s, "schedule": schedule, "model": model,
               "parts": is_parts(layout),  # planned on parts of chunks (solar.layout.parts)
               "neighbour_run_bytes": run_bytes}  # read runs of neighbouring blocks (solar.layout.runs); 0: not

@@ -87,6 +87,16 @@ def check_output_path(path: str, what: str, suffixes=()) -> str:
     return path
 
 
+def check_plot_path(path: str, what: str = "--plot") -> str:
+    """:func:`check_output_path` for a figure (.png, .pdf, .svg), and matplotlib importable (the extra ``plot``)."""
+    check_output_path(path, what, (".png", ".pdf", ".svg"))
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as exc:
+        raise SpecError(f"{what} needs matplotlib ({exc}): pip install 'solar-hdf5[plot]'") from None
+    return path
+
+
 positive_int = _argtype(_positive, "positive_int")
 seconds = _argtype(_seconds, "seconds")
 non_negative_int = _argtype(_non_negative, "non_negative_int")

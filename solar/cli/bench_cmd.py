@@ -125,6 +125,8 @@ def add_parser(sub):
                         "processes as they start (default 256 MiB + 16 MiB per rank of the node)")
     p.add_argument("--disk-depth", type=positive_int, default=16, help="random reads in flight for the disk's limit")
     p.add_argument("--json", action="store_true", help="print the whole report as JSON on stdout")
+    p.add_argument("--plot", metavar="PNG", help="also draw the report: samples/s per epoch of every loader with solar's "
+                                                 "limits, and solar's storage bytes per epoch (.png, .pdf or .svg)")
     p.add_argument("--no-progress", dest="progress", action="store_false",
                    help="no progress on stderr (default: rank 0 says what it is doing, with --json too: bars on "
                         "a terminal, plain lines otherwise)")
@@ -194,6 +196,9 @@ def run(args) -> int:
             raise SpecError(f"--policy, --network-bandwidth and --storage-bandwidth need a node plan; {pool_note}")
         if args.cache_mode is not None and not args.cold:
             raise SpecError(f"--cache-mode {args.cache_mode} says how --cold drops the page cache: give --cold too")
+        if args.plot:  # before the run, not after it
+            from .argtypes import check_plot_path
+            check_plot_path(args.plot)
         if args.step_sync and args.only != "solar":
             raise SpecError("--step-sync runs solar alone: give --only solar too")
         if args.buffer_device == "cuda" and args.device != "cuda":
@@ -224,7 +229,11 @@ def run(args) -> int:
                                                       ("switch_interval", args.switch_interval)) if v is not None},
                     log=_progress_line if args.progress and comm.rank == 0 else None)
     if comm.rank == 0:
-        print(json.dumps(rep, indent=2) if args.json else format_report(rep))
+        print(json.dumps(rep, indent=2) if args.json else format_report(rep), flush=True)
+        if args.plot:
+            from ..bench.plot import plot_report
+            plot_report(rep, args.plot)
+            print(f"solar bench: plot: {args.plot}", file=sys.stderr, flush=True)
     return 0
 
 

@@ -9,7 +9,7 @@ from ..scheduler.nodes import DEFAULT_NETWORK_BPS, DEFAULT_STORAGE_BPS, PeerCost
 from ..scheduler.policies import ALL_POLICIES, POLICIES
 from ..scheduler.run import Demand
 from ..scheduler.simulate import dataset_bytes, format_table, plot, simulate
-from .argtypes import byte_size, check_output_path, epoch_count, epsilon, fraction, non_negative_int, positive_int
+from .argtypes import byte_size, check_plot_path, epoch_count, epsilon, fraction, non_negative_int, positive_int
 
 EPILOG = """\
 policies: torch (DistributedSampler + per-rank LRU), nopfs (DistributedSampler + per-rank Belady that
@@ -102,7 +102,7 @@ def default_policies(ranks_per_node: int) -> list:
 
 def run(args) -> int:
     if args.plot:  # before the simulation, not after it
-        check_output_path(args.plot, "--plot", (".png", ".pdf", ".svg"))
+        check_plot_path(args.plot)
     if args.spec and (args.samples is not None or args.sample_bytes is not None):
         raise SpecError("--samples and --sample-bytes describe a synthetic layout: give them or a SPEC, not both")
     parts = None
