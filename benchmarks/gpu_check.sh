@@ -28,7 +28,8 @@
 #   depth    issue 24: that bench, solar alone, with --threads 16 and 64 (reads in flight; depth.json)
 #   gil      issue 24: that bench, solar alone, with Python's GIL switch interval against solar's 0.5 ms (twice
 #            each, interleaved) and without the model (gil.json)
-#   reads    issue 24: that bench, solar alone, planned with --reads-in-flight 1 and 4, twice each (reads.json)
+#   reads    issue 24: that bench, solar alone, planned with --reads-in-flight 1 and 4, twice each, and the CPU
+#            seconds of each of the rank's thread groups per epoch (benchmarks/thread_cpu.py; reads.json)
 #   sync     issue 25: the gzip file on R ranks, solar alone, node pool against a buffer per rank with --step-sync
 #            (the ranks wait for each other after every step, as in DDP), twice each (sync.json)
 #   eqmem    issue 25: nodes' contiguous run with every loader under --equal-memory alone (eqmem.json)
@@ -346,7 +347,10 @@ reads() {
     STDOUT=$WORK/reads-4.json run reads-4 60 "${one[@]}" --reads-in-flight 4
     STDOUT=$WORK/reads-1b.json run reads-1b 60 "${one[@]}" --reads-in-flight 1
     STDOUT=$WORK/reads-4b.json run reads-4b 60 "${one[@]}" --reads-in-flight 4
-    merge "$OUT/reads.json" reads 1 4 1b 4b
+    # where that rank's CPU goes, per thread group and epoch (no model, no MPI; benchmarks/thread_cpu.py)
+    STDOUT=$WORK/reads-cpu.json run reads-cpu 60 "$PY" benchmarks/thread_cpu.py "$D" --world-size 1 -b "$B" \
+        --epochs 3 --buffer-fraction 0.5 --json
+    merge "$OUT/reads.json" reads 1 4 1b 4b cpu
 }
 
 # issue 24: unfiltered blocks straight into device memory with KvikIO (wheels in .whl/, benchmarks/gpu_wheels.sh)

@@ -153,6 +153,10 @@ def merged_rows(outdir: str) -> dict:
         if reps is None:
             continue
         for run, rep in ({"": reps} if sec == "eqmem" else reps).items():
+            eps = rep.get("epochs") if isinstance(rep, dict) else None
+            if isinstance(eps, list) and eps and "threads_s" in eps[0]:
+                out[f"{sec} {run}".strip()] = {"threads": rep["epochs"]}  # benchmarks/thread_cpu.py's report
+                continue
             eps = rep.get("solar", {}).get("epochs", [])
             if not eps:
                 out[f"{sec} {run}".strip()] = {"failed": True}
@@ -237,6 +241,12 @@ def markdown(s: dict) -> str:
                   "| section, run | samples/s | storage GB/s | limit ratio (best depth) | steps waiting to be booked, s "
                   "| GPU waits | baselines samples/s |", "|---|---|---|---|---|---|---|"]
         for k, r in s["merged"].items():
+            if r.get("threads"):
+                lines.append(f"| {k}: CPU s per epoch (wall s) | " + "; ".join(
+                    f"{e['user_s'] + e['system_s']:.2f} ({e['wall_s']:.2f}): "
+                    + ", ".join(f"{t} {v:.2f}" for t, v in list(e["threads_s"].items())[:4]) for e in r["threads"])
+                    + " | | | | | |")
+                continue
             if r.get("failed"):
                 lines.append(f"| {k} | no report | | | | | |")
                 continue
