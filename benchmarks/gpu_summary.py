@@ -243,8 +243,9 @@ def markdown(s: dict) -> str:
         for k, r in s["merged"].items():
             if r.get("threads"):
                 lines.append(f"| {k}: CPU s per epoch (wall s) | " + "; ".join(
-                    f"{e['user_s'] + e['system_s']:.2f} ({e['wall_s']:.2f}): "
-                    + ", ".join(f"{t} {v:.2f}" for t, v in list(e["threads_s"].items())[:4]) for e in r["threads"])
+                    f"{e['user_s'] + e['system_s']:.2f} ({e['wall_s']:.2f})"
+                    + "".join(f"{', ' if i else ': '}{t} {v:.2f}" for i, (t, v) in enumerate(list(e["threads_s"].items())[:4]))
+                    for e in r["threads"])
                     + " | | | | | |")
                 continue
             if r.get("failed"):

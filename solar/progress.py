@@ -1,46 +1,72 @@
 """Progress of long work on stderr: a bar on a terminal, plain lines in a log file or pipe (a SLURM job's output).
 
 ``progress`` arguments across solar take ``False`` (nothing), ``True`` (a bar where stderr is a terminal, lines
-otherwise), ``"bar"`` or ``"lines"``.  Lines come at most every :data:`LINE_EVERY_S` seconds, so work shorter
-than that prints nothing, and a last line says how long it took once any line was printed.
+otherwise), ``"bar"`` or ``"lines"``.  Lines come at most every :data:`LINE_EVERY_S` seconds, counted across the
+counters of the process (a command that plans several policies one after the other prints as often as one that
+plans one), each when a unit of work (an epoch, a file, a sample) is done; work shorter than that prints nothing.
+A counter that printed says at its end how long it took, or where it stopped.
 """
 from __future__ import annotations
 
 import sys
 import time
-from typing import Optional, Union
+from typing import Dict, Optional, Union
 
 #: Seconds between two plain progress lines.
 LINE_EVERY_S = 10.0
 
 Mode = Union[bool, str, None]
 
+#: clock -> when the last line was printed (or the first counter of that clock was made): shared by counters
+_LAST: Dict[object, float] = {}
+
 
 def resolve(mode: Mode, stream=None) -> Optional[str]:
-    """``"bar"``, ``"lines"`` or None for a ``progress`` argument (True: a bar on a terminal, else lines)."""
-    if mode is None or mode is False:
+    """``"bar"``, ``"lines"`` or None for a ``progress`` argument (true: a bar on a terminal, else lines; false:
+    nothing); ValueError naming any other text."""
+    if isinstance(mode, str):
+        if mode in ("bar", "lines"):
+            return mode
+        raise ValueError(f"progress must be True, False, 'bar' or 'lines', got {mode!r}")
+    if not mode:
         return None
-    if mode is True:
-        stream = sys.stderr if stream is None else stream
-        try:
-            return "bar" if stream.isatty() else "lines"
-        except (AttributeError, ValueError):  # replaced or closed
-            return "lines"
-    if mode in ("bar", "lines"):
-        return mode
-    raise ValueError(f"progress must be True, False, 'bar' or 'lines', got {mode!r}")
+    stream = sys.stderr if stream is None else stream
+    try:
+        return "bar" if stream.isatty() else "lines"
+    except (AttributeError, ValueError):  # replaced or closed
+        return "lines"
+
+
+def check(mode: Mode) -> Mode:
+    """``mode`` if it is a ``progress`` argument (see :func:`resolve`), else a SpecError naming it."""
+    try:
+        resolve(mode, stream=_NO_TTY)
+    except ValueError as exc:
+        from .errors import SpecError
+        raise SpecError(str(exc)) from None
+    return mode
+
+
+class _NoTty:
+    def isatty(self):
+        return False
+
+
+_NO_TTY = _NoTty()
 
 
 class Lines:
     """A tqdm-like counter (``update``, ``close``, a context manager) that prints ``"<desc>: n/total unit (s)"`` on
-    ``stream`` (default stderr) at most every ``every_s`` seconds (default :data:`LINE_EVERY_S`)."""
+    ``stream`` (default stderr) at most every ``every_s`` seconds (default :data:`LINE_EVERY_S`) since the last
+    line of any counter on the same ``clock``."""
 
     def __init__(self, total: Optional[int], desc: str, unit: str, stream=None, every_s: Optional[float] = None,
                  clock=time.monotonic):
         self.total, self.desc, self.unit, self.n = total, desc, unit, 0
         self.stream, self.clock = stream, clock
         self.every_s = float(LINE_EVERY_S if every_s is None else every_s)
-        self.t0 = self.last = clock()
+        self.t0 = clock()
+        _LAST.setdefault(clock, self.t0)
         self.printed = False
 
     def _print(self, text: str) -> None:
@@ -55,20 +81,26 @@ class Lines:
     def update(self, n: int = 1) -> None:
         self.n += int(n)
         now = self.clock()
-        if now - self.last >= self.every_s:
-            self.last = now
+        if now - _LAST[self.clock] >= self.every_s:
+            _LAST[self.clock] = now
             self._print(f"{self._count()} ({now - self.t0:.0f} s)")
 
-    def close(self) -> None:
+    def close(self, stopped: bool = False) -> None:
+        """The closing line, where a line was printed: the time it took, or where it stopped (``stopped``: ended by
+        an exception, or short of ``total``)."""
         if self.printed:
-            self._print(f"{self._count()}, done in {self.clock() - self.t0:.0f} s")
+            secs = self.clock() - self.t0
+            if stopped or (self.total is not None and self.n < self.total):
+                self._print(f"stopped at {self._count()} after {secs:.0f} s")
+            else:
+                self._print(f"{self._count()}, done in {secs:.0f} s")
             self.printed = False
 
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.close()
+    def __exit__(self, exc_type, exc, tb):
+        self.close(stopped=exc_type is not None)
 
 
 class _Nothing:

@@ -41,6 +41,24 @@ def test_a_bad_plot_path_is_refused_before_the_run(tmp_path):
                                              f"{tmp_path / 'no'} does not exist"], r.stderr
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc")
+def test_a_plot_path_that_cannot_be_written_is_refused_first():
+    from solar.cli.argtypes import check_plot_path
+    from solar.errors import SpecError
+    with pytest.raises(SpecError, match=r"--plot '/proc/x.png': cannot write in /proc"):
+        check_plot_path("/proc/x.png")
+    with pytest.raises(SpecError, match="--plot needs a file name, got an empty one"):
+        check_plot_path("")
+
+
+def test_an_existing_figure_is_kept_by_the_check(tmp_path):
+    from solar.cli.argtypes import check_plot_path
+    fig = tmp_path / "b.png"
+    fig.write_bytes(b"mine")
+    assert check_plot_path(str(fig)) == str(fig) and fig.read_bytes() == b"mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.png"]  # the write probe left nothing
+
+
 def test_without_matplotlib_plot_says_what_to_install(monkeypatch):
     from solar.cli.argtypes import check_plot_path
     from solar.errors import SpecError

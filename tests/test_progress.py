@@ -25,6 +25,7 @@ class Tty(io.StringIO):
 def test_modes():
     assert resolve(False) is None and resolve(None) is None
     assert resolve(True, Tty()) == "bar" and resolve(True, io.StringIO()) == "lines"
+    assert resolve(1, io.StringIO()) == "lines" and resolve(0) is None
     assert resolve("lines") == "lines" and resolve("bar") == "bar"
     with pytest.raises(ValueError, match="'sometimes'"):
         resolve("sometimes")
@@ -38,12 +39,63 @@ def test_lines_come_at_most_every_interval_and_short_work_prints_nothing():
             c.update()
     assert out.getvalue() == ""  # 5 s: nothing
     out, clock = io.StringIO(), Clock()
-    with Lines(100, "plan solar", "epoch", stream=out, every_s=10, clock=clock) as c:
+    with Lines(25, "plan solar", "epoch", stream=out, every_s=10, clock=clock) as c:
         for _ in range(25):
             clock.t += 1
             c.update()
-    assert out.getvalue().splitlines() == ["plan solar: 10/100 epochs (10 s)", "plan solar: 20/100 epochs (20 s)",
-                                           "plan solar: 25/100 epochs, done in 25 s"]
+    assert out.getvalue().splitlines() == ["plan solar: 10/25 epochs (10 s)", "plan solar: 20/25 epochs (20 s)",
+                                           "plan solar: 25/25 epochs, done in 25 s"]
+
+
+def test_a_counter_stopped_early_says_where_not_done():
+    out, clock = io.StringIO(), Clock()
+    try:
+        with Lines(20, "plan solar", "epoch", stream=out, every_s=10, clock=clock) as c:
+            for _ in range(16):
+                clock.t += 1
+                c.update()
+            raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        pass
+    assert out.getvalue().splitlines()[-1] == "plan solar: stopped at 16/20 epochs after 16 s"
+    out, clock = io.StringIO(), Clock()
+    for i, _ in enumerate(each_lines(range(20), out, clock)):
+        clock.t += 1
+        if i == 15:
+            break  # a consumer that stops
+    assert out.getvalue().splitlines()[-1].startswith("x: stopped at 15/20 items")
+
+
+def each_lines(it, out, clock):
+    with Lines(20, "x", "item", stream=out, every_s=10, clock=clock) as c:
+        for x in it:
+            yield x
+            c.update()
+
+
+def test_lines_are_spaced_across_counters():
+    """Several short counters one after the other (simulate's policies and buffer sizes) still print every 10 s."""
+    out, clock = io.StringIO(), Clock()
+    for k in range(6):
+        with Lines(4, f"plan p{k}", "epoch", stream=out, every_s=10, clock=clock) as c:
+            for _ in range(4):
+                clock.t += 1
+                c.update()
+    lines = out.getvalue().splitlines()
+    assert [ln for ln in lines if "done" not in ln] == ["plan p2: 2/4 epochs (2 s)", "plan p4: 4/4 epochs (4 s)"], lines
+
+
+def test_bad_progress_values_are_refused_before_any_work(tmp_path):
+    import solar
+    from solar.errors import SpecError
+    from solar.gen import GenConfig
+    from solar.progress import check
+    assert check(1) == 1 and check(0) == 0 and GenConfig(progress=0).progress == 0  # bool-like values pass
+    with pytest.raises(SpecError, match="'bogus'"):
+        solar.plan(str(tmp_path / "nothing-here"), world_size=1, local_batch=1, epochs=1, buffer_fraction=0.5,
+                   progress="bogus")
+    with pytest.raises(SpecError, match="'bogus'"):
+        GenConfig(progress="bogus")
 
 
 def test_each_counts_the_items_done():

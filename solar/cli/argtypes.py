@@ -77,8 +77,10 @@ def check_output_path(path: str, what: str, suffixes=()) -> str:
     """``path`` if a file can be written there (its folder exists and it is not a folder; ``suffixes``: the
     endings allowed), else a SpecError naming it: checked before long work, not after it."""
     import os
+    if not path:
+        raise SpecError(f"{what} needs a file name, got an empty one")
     folder = os.path.dirname(os.path.abspath(path)) or "."
-    if not path or os.path.isdir(path):
+    if os.path.isdir(path):
         raise SpecError(f"{what} {path!r} is a folder, not a file name")
     if not os.path.isdir(folder):
         raise SpecError(f"{what} {path!r}: folder {folder} does not exist")
@@ -89,7 +91,17 @@ def check_output_path(path: str, what: str, suffixes=()) -> str:
 
 def check_plot_path(path: str, what: str = "--plot") -> str:
     """:func:`check_output_path` for a figure (.png, .pdf, .svg), and matplotlib importable (the extra ``plot``)."""
+    import os
+    import tempfile
     check_output_path(path, what, (".png", ".pdf", ".svg"))
+    folder = os.path.dirname(os.path.abspath(path))
+    try:  # a file of our own in its folder, removed at once (the user's file, if there is one, is not touched)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".solar-plot-check-"):
+            pass
+    except OSError as exc:
+        raise SpecError(f"{what} {path!r}: cannot write in {folder} ({exc.strerror or exc})") from None
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        raise SpecError(f"{what} {path!r}: the file exists and is not writable")
     try:
         import matplotlib  # noqa: F401
     except ImportError as exc:

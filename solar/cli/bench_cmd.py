@@ -196,7 +196,7 @@ def run(args) -> int:
             raise SpecError(f"--policy, --network-bandwidth and --storage-bandwidth need a node plan; {pool_note}")
         if args.cache_mode is not None and not args.cold:
             raise SpecError(f"--cache-mode {args.cache_mode} says how --cold drops the page cache: give --cold too")
-        if args.plot:  # before the run, not after it
+        if args.plot is not None:  # before the run, not after it
             from .argtypes import check_plot_path
             check_plot_path(args.plot)
         if args.step_sync and args.only != "solar":

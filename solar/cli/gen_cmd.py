@@ -50,7 +50,9 @@ def add_parser(sub):
     p.add_argument("--fletcher32", action="store_true", default=None, help="add Fletcher-32 checksums")
     p.add_argument("--overwrite", action="store_true",
                    help="write into OUTDIR even if it holds files (those of the same name are replaced)")
-    p.add_argument("--no-progress", action="store_true", help="no progress on stderr (default: a bar on a terminal; in a log file or pipe a line every 10 s of long work)")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress on stderr (default: a bar on a terminal; in a log file or pipe a line at most "
+                        "every 10 s of long work)")
     p.add_argument("--json", action="store_true", help="print the written spec as JSON")
     p.set_defaults(run=run)
     return p

@@ -34,7 +34,8 @@ def add_parser(sub):
                         "'solar plan SPEC'; an existing file is kept unless --overwrite")
     p.add_argument("--overwrite", action="store_true", help="let --save-spec replace an existing file")
     p.add_argument("--no-progress", dest="progress", action="store_false",
-                   help="no progress on stderr (default: a bar on a terminal; in a log file or pipe a line every 10 s of long work)")
+                   help="no progress on stderr (default: a bar on a terminal; in a log file or pipe a line at most "
+                        "every 10 s of long work)")
     p.set_defaults(run=run)
     return p
 

@@ -100,7 +100,8 @@ def add_parser(sub):
     p.add_argument("-o", "--output", default="plan.h5", help="schedule file to write (default plan.h5)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--no-progress", dest="progress", action="store_false",
-                   help="no progress on stderr (default: a bar on a terminal; in a log file or pipe a line every 10 s of long work)")
+                   help="no progress on stderr (default: a bar on a terminal; in a log file or pipe a line at most "
+                        "every 10 s of long work)")
     p.set_defaults(run=run)
     return p
 

@@ -85,7 +85,8 @@ def add_parser(sub):
                         f"is sent rather than read when its decoded bytes travel faster than its stored bytes")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--no-progress", dest="progress", action="store_false",
-                   help="no progress on stderr (default: a bar on a terminal; in a log file or pipe a line every 10 s of long work)")
+                   help="no progress on stderr (default: a bar on a terminal; in a log file or pipe a line at most "
+                        "every 10 s of long work)")
     p.add_argument("--plot", metavar="PNG", help="write hit rate vs buffer fraction per policy")
     p.set_defaults(run=run)
     return p
@@ -101,7 +102,7 @@ def default_policies(ranks_per_node: int) -> list:
 
 
 def run(args) -> int:
-    if args.plot:  # before the simulation, not after it
+    if args.plot is not None:  # before the simulation, not after it
         check_plot_path(args.plot)
     if args.spec and (args.samples is not None or args.sample_bytes is not None):
         raise SpecError("--samples and --sample-bytes describe a synthetic layout: give them or a SPEC, not both")
@@ -144,8 +145,6 @@ def run(args) -> int:
                        epsilon=args.epsilon, policies=args.policies, progress=args.progress,
                        group_blocks=args.group_blocks, ranks_per_node=args.ranks_per_node, cost=cost, parts=parts)
         rows.append({"fraction": frac, "buffer_per_rank": per_rank, "results": res})
-    if args.plot:
-        plot(rows, args.plot, f"{source}; P={P}, b={args.local_batch}, E={args.epochs}, eps={args.epsilon}")
     if args.json:
         print(json.dumps({"source": source, "dataset_bytes": total, "world_size": P,
                           "local_batch": args.local_batch, "epochs": args.epochs, "epsilon": args.epsilon,
@@ -158,7 +157,10 @@ def run(args) -> int:
         print(f"{source}; dataset {total:,} B; P={P}, b={args.local_batch}, epochs={args.epochs}, "
               f"epsilon={args.epsilon}{nodes}")
         print(format_table(rows))
-        if args.plot:
+    if args.plot:  # after the results: a figure that cannot be drawn loses nothing printed
+        sys.stdout.flush()
+        plot(rows, args.plot, f"{source}; P={P}, b={args.local_batch}, E={args.epochs}, eps={args.epsilon}")
+        if not args.json:
             print(f"plot: {args.plot}")
     failed = _failures(rows)
     if failed:  # after the results that did run: a sweep is still worth its table

@@ -43,6 +43,8 @@ class GenConfig:
                 raise SpecError(f"--{name} must be a positive integer, got {v!r}")
         if not isinstance(self.seed, int) or self.seed < 0:
             raise SpecError(f"--seed must be a non-negative integer, got {self.seed!r}")
+        from ..progress import check as check_progress
+        check_progress(self.progress)
 
 
 def _rng(seed: int, *keys: int) -> np.random.Generator:

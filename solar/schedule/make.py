@@ -121,6 +121,8 @@ def plan(data: Union[str, "Demand", object], *, world_size: int, local_batch: Op
     ``ranks_per_node`` a node job resumes with one buffer per rank (policy ``"solar"`` by default).
     """
     check_count("world_size", world_size)
+    from ..progress import check as check_progress
+    check_progress(progress)
     reads = check_reads_in_flight(1 if reads_in_flight is None else reads_in_flight)
     if device_buffer is not None and reads > 1:
         raise SpecError("reads_in_flight= with device_buffer=: a device buffer stages its reads on the host "

@@ -10,7 +10,8 @@ def format_schedule(s: dict) -> str:
     size = f", {human_bytes(s['file_bytes'])}" if s.get("file_bytes") else ""
     lines = [f"schedule {s['path']} (policy {s['policy']}, solar {s['solar_version']}{size})",
              f"  planned for: {s.get('source_abs') or s['source'] or 'a layout'}  fingerprint {s['fingerprint'][:16]}"
-             + (f" (of its parts; the data's own: {s['data_fingerprint'][:16]})" if s.get("data_fingerprint") else "")
+             + (f" (of its parts; the data's own: {s['data_fingerprint'][:16]})" if s.get("data_fingerprint") else
+                " (of its parts)" if s.get("parts_of_chunks") else "")
              + "  "
              f"({s['n_samples']:,} samples, {s['n_blocks']:,} blocks"
              + (f": parts of {s['parts_of_chunks']:,} chunks" if s.get("parts_of_chunks") else "")

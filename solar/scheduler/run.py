@@ -253,7 +253,7 @@ def _extents(demand: Demand, groups, n_units: int):
 def run_policy(demand: Demand, cfg: PlanConfig, policy="solar", record: bool = False,
                on_epoch: Optional[Callable[[EpochPlan], None]] = None, progress: bool = False,
                epoch_order: Optional[str] = None, group_blocks: bool = True, nodes: Optional[NodeMap] = None,
-               cost: Optional[PeerCost] = None) -> PolicyResult:
+               cost: Optional[PeerCost] = None, progress_label: str = "") -> PolicyResult:
     """Play ``policy`` over all epochs of the job ``cfg`` on ``demand``.
 
     With ``group_blocks`` (default) the engine plans on groups of blocks that the
@@ -265,7 +265,7 @@ def run_policy(demand: Demand, cfg: PlanConfig, policy="solar", record: bool = F
     """
     run = PlanRun(demand, cfg, policy, record=record, epoch_order=epoch_order, group_blocks=group_blocks,
                   nodes=nodes, cost=cost)
-    return run.advance(cfg.epochs, on_epoch=on_epoch, progress=progress)
+    return run.advance(cfg.epochs, on_epoch=on_epoch, progress=progress, progress_label=progress_label)
 
 
 class PlanRun:
@@ -458,7 +458,7 @@ class PlanRun:
         return None if self.open_ended else self.cfg.epochs
 
     def advance(self, stop: int, on_epoch: Optional[Callable[[EpochPlan], None]] = None,
-                progress: bool = False, first_step: int = 0) -> PolicyResult:
+                progress: bool = False, first_step: int = 0, progress_label: str = "") -> PolicyResult:
         """Plan epoch positions ``self.planned .. stop - 1``; their :class:`PolicyResult`.
 
         ``first_step`` (only before anything is planned, so with empty buffers): epoch position 0 starts at
@@ -485,7 +485,7 @@ class PlanRun:
         it = range(self.planned, int(stop))
         if progress:
             from ..progress import each
-            it = each(it, len(it), f"plan {self.pol.name}", "epoch", progress)
+            it = each(it, len(it), f"plan {self.pol.name}{progress_label}", "epoch", progress)
         pool = ThreadPoolExecutor(1, thread_name_prefix="solar-plan-ahead") if int(stop) - self.planned > 1 else None
         try:
             for e in it:

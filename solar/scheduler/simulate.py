@@ -6,6 +6,7 @@ from typing import Dict, Iterable, List, Optional
 
 import numpy as np
 
+from ..layout.summary import human_bytes
 from .config import PlanConfig
 from .nodes import NodeMap, PeerCost
 from .policies import POLICIES, admits_parts, get_policy
@@ -44,7 +45,8 @@ def simulate(demand: Demand, world_size: int, local_batch: int, epochs: int, buf
         pol = get_policy(name)
         on_parts = parts is not None and admits_parts(pol)
         try:
-            r = run_policy(parts if on_parts else demand, cfg, name, progress=progress, group_blocks=group_blocks, nodes=nodes, cost=cost)
+            r = run_policy(parts if on_parts else demand, cfg, name, progress=progress, group_blocks=group_blocks,
+                           nodes=nodes, cost=cost, progress_label=f" (buffer {human_bytes(int(buffer_bytes))} per rank)")
         except BufferTooSmall as exc:  # e.g. solar2023's appended misses outgrow a tight buffer
             out[name] = {"error": _pooled(str(exc), world_size, int(buffer_bytes)) if pol.single_buffer else str(exc)}
             continue
