@@ -737,3 +737,68 @@ def test_populate_maps_pages_without_changing_their_bytes():
     assert ok == can_populate()  # False only where the OS cannot (not Linux, or Linux before 5.14)
     assert np.array_equal(buf, want)  # done or not, nothing written
     assert populate(buf, 10, 10) is False  # an empty range
+
+
+class _FakeRequest:
+    """A send request that completes after ``after`` tests (never, with None); records what was done to it."""
+
+    def __init__(self, after):
+        self.after, self.tests, self.cancelled, self.freed = after, 0, False, False
+        self.buffer = bytearray(b"block bytes")  # what MPI would read: must stay referenced until complete
+
+    def Test(self):
+        self.tests += 1
+        return self.after is not None and self.tests >= self.after
+
+    def Cancel(self):
+        self.cancelled = True
+
+    def Free(self):
+        self.freed = True
+
+
+class _FakeShm:
+    def publish(self, *a):
+        pass
+
+    def counters(self, *a):
+        return np.zeros(1, np.int64)
+
+    def free(self):
+        return True
+
+
+class _FakeComm:
+    def Free(self):
+        pass
+
+
+def _closing_place(monkeypatch, sends, ran_all):
+    from collections import deque
+    from types import SimpleNamespace
+
+    import solar.buffer.node_place as node_place
+    monkeypatch.setattr(node_place, "_all_done", lambda reqs: all(r.Test() for r in reqs))
+    place = object.__new__(node_place.NodePlace)
+    place.__dict__.update(_failed_shared=False, shm=_FakeShm(), L=1, local=0, xcomm=_FakeComm(), ncomm=None,
+                          _sending=deque([(5, sends)]), _send_next=6, _err_reqs=[], ran_all=ran_all)
+    place._notify_closed = lambda unsent: None
+    return place, SimpleNamespace(_error=None, _booked=[])
+
+
+def test_a_closing_node_never_releases_a_send_mpi_may_still_read(monkeypatch):
+    """Review of 2026-11-27: at the plan's end local rank 0 cancelled and freed its last steps' sends, and their
+    blocks' copies went back to the allocator while MPI could still read them: the receiving node assembled a
+    block with its first 32 bytes overwritten (about 1 run in 8 of 4 ranks, 2 nodes, a peer policy).  Now a node
+    at its plan's end waits for its sends; one closed early keeps them (and their buffers) to the process's end."""
+    import solar.buffer.node_place as node_place
+    req = _FakeRequest(after=5)
+    place, q = _closing_place(monkeypatch, [req], ran_all=True)
+    place.close(q)
+    assert req.tests >= 5 and not req.cancelled and not req.freed  # waited for, never given up
+    pending = _FakeRequest(after=None)
+    place, q = _closing_place(monkeypatch, [pending], ran_all=False)
+    kept = len(node_place._KEPT)
+    place.close(q)
+    assert not pending.cancelled and not pending.freed
+    assert any(r is pending for r in node_place._KEPT[kept:])  # referenced, so is the buffer it sends from

@@ -57,7 +57,8 @@ from .warmup import resident_at
 TAG_MOD = 32000      # transfer tags: step % TAG_MOD (MPI guarantees tags up to 32767)
 TAG_ERR = 32001      # "a rank failed" (payload: its one-line message)
 TAG_CLOSED = 32002   # "this node closed before its plan's end" (payload: int64, the first step it has not sent)
-_KEPT: list = []     # transfer communicators of managers closed before their plan's end (never freed: see close)
+_KEPT: list = []     # what a closed manager must never free: transfer communicators of managers closed before their
+                     # plan's end, requests not complete at close (and so their buffers): see close
 NO_DEP = -(1 << 62)  # a step's dependency on a rank it does not depend on
 
 
@@ -267,10 +268,22 @@ class NodePlace:
             self.shm.publish(FLAG, CLOSED)
         left = []
         if self.xcomm is not None:  # requests left by an early close or a failure
-            left = [r for b in q._booked for r in b.recvs] + [r for _, reqs in self._sending for r in reqs]
+            sends = [r for _, reqs in self._sending for r in reqs]
             unsent = next((g for g, reqs in self._sending if not _all_done(reqs)), self._send_next)
-            for r in left + [r for r, _ in self._err_reqs]:
+            if not failed and self.ran_all:
+                # the plan's end: the other nodes, at theirs too, take the last steps' blocks; until they have,
+                # MPI may still read each send's buffer (a rendezvous transfer pulls it when the receive matches)
+                _finish(sends, self._peer_failed)
+            recvs = [r for b in q._booked for r in b.recvs]
+            for r in recvs:
                 _drop(r)
+            # a send is never cancelled (its receiver may have been told to wait for it: _notify_closed) nor
+            # freed with its buffer: freed, the block's copy went back to the allocator, which wrote its own
+            # bookkeeping over the first 32 bytes while MPI could still send them (wrong bytes at the receiver,
+            # no error: found by a review, 2026-11-27); kept, it completes whenever its receive comes
+            for r in sends + [r for r, _ in self._err_reqs]:
+                _keep(r)
+            left = [r for r in recvs + sends if not _done(r)]
             if not failed and self.local == 0 and not self.ran_all:
                 self._notify_closed(unsent)
             if not (self.ran_all and not left):
@@ -698,12 +711,46 @@ def _all_done(reqs: List) -> bool:
     return bool(MPI.Request.Testall(reqs))
 
 
-def _drop(req):
-    """Give up on a request still active at close (cancelled, then freed; best effort)."""
+#: Seconds a closing node waits for its last sends to be received (the other nodes end their plan too), and for a
+#: cancelled receive to end, before it keeps the request alive instead (_KEPT: its buffer is never freed).
+FINISH_S, CANCEL_S = 60.0, 1.0
+
+
+def _done(req) -> bool:
     from mpi4py import MPI
     try:
-        if req != MPI.REQUEST_NULL:
-            req.Cancel()
-            req.Free()
+        return req == MPI.REQUEST_NULL or bool(req.Test())
+    except Exception:  # noqa: BLE001 - a request MPI no longer knows: nothing left to wait for
+        return True
+
+
+def _finish(reqs: List, failed, wait_s: float = FINISH_S) -> bool:
+    """Wait (polling) until ``reqs`` are complete; False after ``wait_s`` seconds or once ``failed()`` says a rank
+    of the node failed (then they are kept, see :func:`_keep`)."""
+    deadline = time.monotonic() + wait_s
+    while not all(_done(r) for r in reqs):
+        if failed() or time.monotonic() > deadline:
+            return False
+        time.sleep(0.001)
+    return True
+
+
+def _keep(req):
+    """A request not complete at close stays referenced to the process's end (its message buffer with it)."""
+    if not _done(req):
+        _KEPT.append(req)
+
+
+def _drop(req):
+    """Give up on a receive still active at close: cancelled, and waited for until the cancel (or the receive) is
+    over, so that nothing writes into the window after it is freed; kept (never freed) where that takes longer than
+    :data:`CANCEL_S`."""
+    from mpi4py import MPI
+    try:
+        if req == MPI.REQUEST_NULL:
+            return
+        req.Cancel()
     except Exception:  # noqa: BLE001 - best effort at shut-down
-        pass
+        return
+    if not _finish([req], lambda: False, CANCEL_S):
+        _KEPT.append(req)
