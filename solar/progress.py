@@ -40,19 +40,11 @@ def resolve(mode: Mode, stream=None) -> Optional[str]:
 def check(mode: Mode) -> Mode:
     """``mode`` if it is a ``progress`` argument (see :func:`resolve`), else a SpecError naming it."""
     try:
-        resolve(mode, stream=_NO_TTY)
+        resolve(mode)
     except ValueError as exc:
         from .errors import SpecError
         raise SpecError(str(exc)) from None
     return mode
-
-
-class _NoTty:
-    def isatty(self):
-        return False
-
-
-_NO_TTY = _NoTty()
 
 
 class Lines:

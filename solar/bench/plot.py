@@ -65,8 +65,7 @@ def plot_report(report: dict, path: str) -> None:
         ys = [ep["samples_per_s"] for ep in eps]
         partial = [bool(ep.get("partial")) for ep in eps]
         partial_seen |= any(partial)
-        ax.bar(xs, ys, width * 0.95, label=name, color=f"C{k}",
-               hatch=None, edgecolor="white")
+        ax.bar(xs, ys, width * 0.95, label=name, color=f"C{k}", edgecolor="white")
         for x, y, p in zip(xs, ys, partial):
             if p:
                 ax.bar([x], [y], width * 0.95, color="none", edgecolor="black", hatch="//", linewidth=0)

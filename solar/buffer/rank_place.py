@@ -227,12 +227,9 @@ class RankPlace:
             self.pools.free_many(cls, ev_slot)
             return
         self.pools.free_many(cls[now], ev_slot[now])
-        later = ~now
-        order = np.argsort(last[later], kind="stable")
-        cls, ev_slot, last = cls[later][order], ev_slot[later][order], last[later][order]
-        cut = np.flatnonzero(np.diff(last)) + 1
-        for c, sl, u in zip(np.split(cls, cut), np.split(ev_slot, cut), last[np.concatenate(([0], cut))].tolist()):
-            self._held.setdefault(u, []).append((c, sl))
+        for u in np.unique(last[~now]).tolist():  # held until step u is assembled
+            mine = last == u
+            self._held.setdefault(u, []).append((cls[mine], ev_slot[mine]))
 
     def _alloc(self, blocks: np.ndarray):
         """Slots for ``blocks`` (distinct, not resident; all or nothing: MemoryError leaves

@@ -574,7 +574,8 @@ class Schedule:
     def summary(self) -> dict:
         p = self.predicted()
         return {"path": self.path, "policy": self.policy, "solar_version": self.solar_version,
-                "fingerprint": self.fingerprint, "data_fingerprint": self.data_fingerprint or None, "source": self.source_rel, "source_abs": self.source_abs,
+                "fingerprint": self.fingerprint, "data_fingerprint": self.data_fingerprint or None,
+                "source": self.source_rel, "source_abs": self.source_abs,
                 "format_version": self.version, "config": self.config.to_dict(), "layout_bytes": self.layout_bytes,
                 "open_ended": self.open_ended, "window": self.window, "resume": self.resume,
                 "buffer_place": self.buffer_place, "read_ahead_bytes": self.read_ahead_bytes,
