@@ -1,0 +1,31 @@
+"""`solar plan`'s notes on stderr: a buffer fraction of 1 or more whose buffers still hold less than the data
+(the queued batches and reads in flight come out of the budget) names the fraction that holds it all."""
+from __future__ import annotations
+
+import json
+import re
+
+from solar.cli import main
+from helpers import make_dataset
+
+
+def plan(capsys, data, out, fraction: str) -> tuple:
+    rc = main(["plan", data, "-P", "1", "-b", "32", "--epochs", "3", "--buffer-fraction", fraction, "-o", out,
+               "--json", "--no-progress"])
+    cap = capsys.readouterr()
+    return rc, json.loads(cap.out), cap.err
+
+
+def test_a_fraction_of_one_that_holds_less_than_the_data_names_the_one_that_holds_it(tmp_path, capsys):
+    data = make_dataset(tmp_path, "ptychonn", samples=256, size=128)  # 48 MiB: the batches (18 MiB) outgrow the
+    # allowance a plan does not take from the budget (16 MiB)
+    rc, s, err = plan(capsys, data, str(tmp_path / "a.h5"), "1.0")
+    assert rc == 0 and s["steady_hit_rate"] < 1.0
+    m = re.search(r"--buffer-fraction 1 is the memory per rank.*--buffer-fraction ([0-9.]+) gives them 1 x the data",
+                  err)
+    assert m, err
+    rc, s, err = plan(capsys, data, str(tmp_path / "b.h5"), m.group(1))
+    assert rc == 0 and s["steady_hit_rate"] == 1.0, (m.group(1), s["steady_hit_rate"])
+    assert "gives them" not in err
+    rc, s, err = plan(capsys, data, str(tmp_path / "c.h5"), "0.5")  # below 1: the user asked for less than the data
+    assert rc == 0 and "gives them" not in err
