@@ -18,6 +18,7 @@ from typing import Callable, Optional
 
 from ..memory import DEFAULT_PREFETCH
 from ..layout.parts import is_parts
+from ..schedule.summary import whole_data_note
 from .equal_memory import (_enter_cgroup, _leave_cgroup, _limit, _limit_first, _limit_loader, _node_comm, _peak,
                            _unlimit)
 from .limits import measure_decode, measure_disk, measure_random
@@ -203,10 +204,14 @@ def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fra
         path = schedule or bench_schedule_path(lay, _data_name(spec), **job)
         _say(log, f"planning {P} rank(s) x local batch {local_batch}, {epochs} epoch(s), {lay.n_samples:,} samples")
         t0 = time.perf_counter()
-        plan(lay, world_size=P, local_batch=local_batch, epochs=epochs, buffer_fraction=buffer_fraction,
-             buffer_per_rank=buffer_per_rank, seed=seed, out=path, progress=progress, policy=policy,
-             ranks_per_node=ranks_per_node, peer_cost=peer_cost, reads_in_flight=reads_in_flight, parts=parts,
-             neighbours=neighbours).close()
+        s = plan(lay, world_size=P, local_batch=local_batch, epochs=epochs, buffer_fraction=buffer_fraction,
+                 buffer_per_rank=buffer_per_rank, seed=seed, out=path, progress=progress, policy=policy,
+                 ranks_per_node=ranks_per_node, peer_cost=peer_cost, reads_in_flight=reads_in_flight, parts=parts,
+                 neighbours=neighbours)
+        whole = whole_data_note(buffer_fraction, s.summary())
+        s.close()
+        if whole:
+            _say(log, whole)
         mark_as_bench(path)
         secs = time.perf_counter() - t0
         _say(log, f"schedule written to {path} in {secs:.1f} s")

@@ -119,7 +119,7 @@ def epochs_arg(text: str):
 
 def run(args) -> int:
     from ..schedule import plan
-    from ..schedule.summary import format_schedule
+    from ..schedule.summary import format_schedule, whole_data_note
     from ..topology import detect
     job = detect()
     if job.rank != 0:  # run by every rank of a job (mpiexec, srun): rank 0 plans, writes -o and prints
@@ -161,7 +161,7 @@ def run(args) -> int:
     s = plan(args.spec, policy=args.policy, out=args.output, progress=args.progress, ranks_per_node=L,
              peer_cost=cost, device_buffer=args.device_buffer, **kw)
     summary = s.summary()
-    whole = _whole_data_note(args.buffer_fraction, summary)
+    whole = whole_data_note(args.buffer_fraction, summary)
     s.close()
     if L is None and found > 1 and note:  # what the node plan MPI would carry would read instead
         from ..layout.summary import human_bytes
@@ -180,24 +180,6 @@ def run(args) -> int:
         print(f"solar plan: {note}", file=sys.stderr)
     print(json.dumps(summary, indent=2) if args.json else format_schedule(summary))
     return 0
-
-
-def _whole_data_note(fraction, summary: dict) -> str:
-    """A line for ``--buffer-fraction`` >= 1 whose buffers still hold less than the data: the fraction is the
-    memory, and the queued batches and reads in flight come out of it; says what fraction gives the buffers
-    ``fraction`` x the data ('' when there is nothing to say)."""
-    from ..memory.budget import PLAN_ALLOWANCE
-    residency, mem = summary["config"]["buffer_bytes"], summary.get("memory_per_rank") or {}
-    budget = mem.get("limit", 0) - PLAN_ALLOWANCE  # the user's per rank: the limit is residency + reserve
-    if fraction is None or fraction < 1.0 or summary.get("nodes") or summary["steady_hit_rate"] >= 1.0 \
-            or not 0 < residency * fraction < budget:  # the buffers together hold at least the data
-        return ""
-    import math
-    want = math.ceil(fraction * (2.0 - residency / budget) * 100) / 100  # the reserve, on top of fraction x data
-    return (f"--buffer-fraction {fraction:g} is the memory per rank, batches and reads in flight included: the buffers "
-            f"hold {fraction * residency / budget:.2f} x the data and the steady epochs hit "
-            f"{summary['steady_hit_rate']:.1%}; --buffer-fraction {want:g} gives them {fraction:g} x the data "
-            f"(docs/runtime.md, 'The budget is the memory used')")
 
 
 def _ranks_per_node(args) -> tuple:

@@ -112,3 +112,22 @@ def _memory_text(m: dict) -> str:
                                                  if m["over_limit"] else "") + ")")
     return format_memory(MemoryNeed(**{k: m[k] for k in ("resident", "staging", "batches", "bookkeeping", "limit",
                                                           "prefetch")}))
+
+
+def whole_data_note(fraction, summary: dict) -> str:
+    """A line for ``--buffer-fraction`` >= 1 whose buffers still hold less than the data: the fraction is the
+    memory, and the queued batches and reads in flight come out of it; says what fraction gives the buffers
+    ``fraction`` x the data ('' when there is nothing to say; ``summary``: :meth:`Schedule.summary`).  Printed by
+    ``solar plan`` and ``solar bench``."""
+    from ..memory.budget import PLAN_ALLOWANCE
+    residency, mem = summary["config"]["buffer_bytes"], summary.get("memory_per_rank") or {}
+    budget = mem.get("limit", 0) - PLAN_ALLOWANCE  # the user's per rank: the limit is residency + reserve
+    if fraction is None or fraction < 1.0 or summary.get("nodes") or summary["steady_hit_rate"] >= 1.0 \
+            or not 0 < residency * fraction < budget:  # the buffers together hold at least the data
+        return ""
+    import math
+    want = math.ceil(fraction * (2.0 - residency / budget) * 100) / 100  # the reserve, on top of fraction x data
+    return (f"--buffer-fraction {fraction:g} is the memory per rank, batches and reads in flight included: the buffers "
+            f"hold {fraction * residency / budget:.2f} x the data and the steady epochs hit "
+            f"{summary['steady_hit_rate']:.1%}; --buffer-fraction {want:g} gives them {fraction:g} x the data "
+            f"(docs/runtime.md, 'The budget is the memory used')")
