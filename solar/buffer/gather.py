@@ -250,6 +250,16 @@ class GatherTables:
             raise ValueError(f"block {-2 - missing} of field {name!r}: the piece a sample selects falls "
                              f"outside its slot or the batch (layout geometry disagrees with the pools)")
 
+    def warm(self) -> None:
+        """Load the gather kernel's machine code from numba's cache now: a process's first call loads it (about
+        0.1 s on the development VM), which the first batch waited for.  One call with no rows, its arguments
+        of the types :meth:`gather` passes (no byte copied)."""
+        if self.geometry is None or not self.fields:
+            return
+        z = np.zeros(0, np.int64)
+        _gather_field(self.geometry, Rows(z, z, z), Resident(z, z, z), 0, 0, np.zeros(0, np.uint8), 0,
+                      np.zeros(0, np.uint8), _NO_RUNS, np.zeros(1, np.int64), False)
+
     def runs(self, samples: np.ndarray, blocks: np.ndarray, block_class: np.ndarray, block_slot: np.ndarray,
              class_bytes) -> list:
         """The copies :meth:`gather` would make, as ``[(class c, field k, int64[r, 3]), ...]``: each row a run of

@@ -105,11 +105,14 @@ class BatchAssembler:
         return self._pool
 
     def start(self) -> None:
-        """Start the assembly threads now (else the first batch starts them, :mod:`solar.threads`)."""
+        """Start the assembly threads now (else the first batch starts them, :mod:`solar.threads`), and load the
+        gather kernel (:meth:`GatherTables.warm <solar.buffer.gather.GatherTables.warm>`)."""
         pool = self._workers() if self.gather else None
         if pool is not None:
             from ..threads import start_threads
             start_threads(pool, self.cpus - 1)
+        if self.gather:
+            self.tables.warm()
 
     def close(self) -> None:
         """End the assembly threads (a closed assembler makes them again if called)."""

@@ -1,0 +1,63 @@
+"""A loader's ``prepare()`` loads the GIL-free read and gather kernels (numba's cache) that its first step
+calls, so the first step's reads and assembly do not wait for them, and it loads exactly the code those calls
+take: in a fresh process, after ``prepare()`` each kernel holds one compiled signature, and taking batches adds
+none (a warm-up of other argument types would leave the real call to load its own)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import solar
+from helpers import make_dataset
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+SCRIPT = r"""
+import json, sys
+from solar.io import kernels
+from solar.buffer import gather
+from solar.loader import SolarLoader
+
+def sigs():
+    return {k: [str(s) for s in d.signatures] for k, d in (("read", kernels.read_direct_ranges),
+            ("inflate", kernels.inflate_direct_ranges), ("gather", gather._gather_field))}
+
+with SolarLoader(sys.argv[1], sys.argv[2], reader_options={"direct_io": True}) as loader:
+    loader.prepare()
+    warm = sigs()
+    loader.set_epoch(0)
+    it = iter(loader)
+    for _ in range(2):
+        next(it)
+    print(json.dumps({"warm": warm, "after": sigs()}))
+"""
+
+
+def o_direct_here(path) -> bool:
+    try:
+        os.close(os.open(path, os.O_RDONLY | os.O_DIRECT))
+        return True
+    except (OSError, AttributeError):
+        return False
+
+
+@pytest.mark.parametrize("storage", ["contiguous", "gzip"])
+def test_prepare_loads_the_kernels_the_first_step_calls(tmp_path, storage):
+    data = make_dataset(tmp_path, "ptychonn", storage, samples=64, size=32)
+    files = [os.path.join(data, f) for f in os.listdir(data) if f.endswith(".h5")]
+    if not o_direct_here(files[0]):
+        pytest.skip(f"{tmp_path}: no O_DIRECT here, the read kernels are not the reader's path")
+    plan = str(tmp_path / "plan.h5")
+    solar.plan(data, world_size=1, local_batch=8, epochs=1, buffer_fraction=0.5, out=plan).close()
+    res = subprocess.run([sys.executable, "-c", SCRIPT, plan, data], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": REPO})
+    assert res.returncode == 0, res.stderr
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    warm, after = got["warm"], got["after"]
+    kernel = "inflate" if storage == "gzip" and solar.io.kernels.LIBDEFLATE else "read"
+    assert len(warm[kernel]) == 1 and len(warm["gather"]) == 1, warm
+    assert after == warm, (warm, after)
