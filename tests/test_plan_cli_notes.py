@@ -29,3 +29,13 @@ def test_a_fraction_of_one_that_holds_less_than_the_data_names_the_one_that_hold
     assert "gives them" not in err
     rc, s, err = plan(capsys, data, str(tmp_path / "c.h5"), "0.5")  # below 1: the user asked for less than the data
     assert rc == 0 and "gives them" not in err
+
+
+def test_simulate_at_a_fraction_of_one_says_its_buffers_are_the_whole_budget(tmp_path, capsys):
+    args = ["simulate", "--samples", "64", "--sample-bytes", "1000", "-P", "2", "-b", "4", "--epochs", "2",
+            "--policies", "solar", "--no-progress", "--buffer-fraction"]
+    assert main(args + ["0.5"]) == 0
+    assert capsys.readouterr().err == ""  # below 1: nothing to say
+    assert main(args + ["1.0"]) == 0
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "buffer is the whole budget" in err, err
