@@ -349,7 +349,10 @@ class PreadReader(BlockReader):
         if self.threads > 1 and not self._closed:
             start_threads(self._workers(), self.threads, self._thread_setup)
         if not self._closed:
-            self.warm()
+            try:
+                self.warm()
+            except Exception:  # noqa: BLE001 - only a head start: the first real read loads the kernel, or fails itself
+                pass
 
     def warm(self) -> None:
         """Load the machine code of the GIL-free read kernels this layout takes, from numba's cache, now.

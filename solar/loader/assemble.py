@@ -112,7 +112,10 @@ class BatchAssembler:
             from ..threads import start_threads
             start_threads(pool, self.cpus - 1)
         if self.gather:
-            self.tables.warm()
+            try:
+                self.tables.warm()
+            except Exception:  # noqa: BLE001 - only a head start: the first batch loads the kernel, or fails itself
+                pass
 
     def close(self) -> None:
         """End the assembly threads (a closed assembler makes them again if called)."""
