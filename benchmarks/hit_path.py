@@ -8,7 +8,7 @@ reserve, about 1.1: see ``all_resident``).  Per ``--cpus`` value, per
 repeat: a SolarLoader (torch batches, as a training loop takes them) runs ``--epochs`` epochs; the hit
 path is its best epoch >= 1 (samples/s and GB/s of delivered bytes).  The reference, run interleaved with
 the loader's repeats: every field of the dataset in memory as one array, each batch of the same sample
-ids gathered with ``np.take(a, idx, axis=0, out=preallocated)`` on one thread, best of its epochs.
+ids gathered with ``np.take(a, idx, axis=0, out=preallocated, mode="clip")`` on one thread, best of its epochs.
 Prints the ratios loader / reference per ``--cpus``; only ratios mean anything across machines.
 
 The ceiling for ``cpus=N`` (N > 1) is measured the same way: the same ``np.take`` of each batch with its rows
@@ -28,12 +28,14 @@ import numpy as np
 
 
 def reference(arrays, batches, outs) -> float:
-    """Seconds to gather every batch of one epoch with np.take on one thread."""
+    """Seconds to gather every batch of one epoch with np.take on one thread.  ``mode="clip"`` (the ids are valid):
+    with numpy's default ``mode="raise"`` an ``out=`` array is always buffered, a second copy of every batch that
+    made the reference 2-4x slower (found 2026-11-27; the issue's target names the default)."""
     t0 = time.perf_counter()
     for idx in batches:
         n = idx.shape[0]
         for a, out in zip(arrays, outs):
-            np.take(a, idx, axis=0, out=out[:n])
+            np.take(a, idx, axis=0, out=out[:n], mode="clip")
     return time.perf_counter() - t0
 
 
@@ -42,7 +44,7 @@ def reference_threads(arrays, batches, outs, pool, parts: int) -> float:
     once by ``parts`` threads (``pool`` has ``parts - 1`` workers; the calling thread takes the first run)."""
     def run(idx, lo, hi):
         for a, out in zip(arrays, outs):
-            np.take(a, idx[lo:hi], axis=0, out=out[lo:hi])
+            np.take(a, idx[lo:hi], axis=0, out=out[lo:hi], mode="clip")
 
     t0 = time.perf_counter()
     for idx in batches:
@@ -84,7 +86,9 @@ def all_resident(solar, data: str, batch: int, epochs: int, plan: str) -> float:
     (docs/runtime.md, "The budget is the memory used"), so at 1.0 about a tenth of the blocks are read again
     each epoch and the "hit path" would include reads.  The fraction rises by 2% until epochs >= 1 read
     nothing."""
-    for fraction in np.arange(1.0, 2.0, 0.02):
+    if epochs < 2:
+        raise SystemExit("--epochs must be at least 2: the hit path is the epochs after the first")
+    for fraction in np.round(np.arange(1.0, 2.0, 0.02), 2):
         if os.path.exists(plan):
             os.unlink(plan)
         solar.plan(data, world_size=1, local_batch=batch, epochs=epochs, buffer_fraction=float(fraction),

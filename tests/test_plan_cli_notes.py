@@ -5,30 +5,41 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
+
 from solar.cli import main
 from helpers import make_dataset
 
 
-def plan(capsys, data, out, fraction: str) -> tuple:
-    rc = main(["plan", data, "-P", "1", "-b", "32", "--epochs", "3", "--buffer-fraction", fraction, "-o", out,
-               "--json", "--no-progress"])
+def plan(capsys, data, out, fraction: str, *more) -> tuple:
+    rc = main(["plan", data, "-P", "1", "--epochs", "3", "--buffer-fraction", fraction, "-o", out,
+               "--json", "--no-progress", *(more or ("-b", "32"))])
     cap = capsys.readouterr()
     return rc, json.loads(cap.out), cap.err
 
 
-def test_a_fraction_of_one_that_holds_less_than_the_data_names_the_one_that_holds_it(tmp_path, capsys):
-    data = make_dataset(tmp_path, "ptychonn", samples=256, size=128)  # 48 MiB: the batches (18 MiB) outgrow the
-    # allowance a plan does not take from the budget (16 MiB)
-    rc, s, err = plan(capsys, data, str(tmp_path / "a.h5"), "1.0")
+@pytest.mark.parametrize("job", [("-b", "32"), ("-b", "8", "--reads-in-flight", "16")],
+                         ids=["batches-over-the-allowance", "reads-in-flight"])
+def test_a_fraction_of_one_that_holds_less_than_the_data_names_the_one_that_holds_it(tmp_path, capsys, job):
+    data = make_dataset(tmp_path, "ptychonn", samples=256, size=128)  # 48 MiB: the batches (18 MiB at b=32) outgrow
+    # the allowance a plan does not take from the budget (16 MiB); at b=8 the 15 extra reads in flight (22 MiB) do
+    rc, s, err = plan(capsys, data, str(tmp_path / "a.h5"), "1.0", *job)
     assert rc == 0 and s["steady_hit_rate"] < 1.0
     m = re.search(r"--buffer-fraction 1 is the memory per rank.*--buffer-fraction ([0-9.]+) gives them 1 x the data",
                   err)
     assert m, err
-    rc, s, err = plan(capsys, data, str(tmp_path / "b.h5"), m.group(1))
+    rc, s, err = plan(capsys, data, str(tmp_path / "b.h5"), m.group(1), *job)
     assert rc == 0 and s["steady_hit_rate"] == 1.0, (m.group(1), s["steady_hit_rate"])
     assert "gives them" not in err
-    rc, s, err = plan(capsys, data, str(tmp_path / "c.h5"), "0.5")  # below 1: the user asked for less than the data
+    rc, s, err = plan(capsys, data, str(tmp_path / "c.h5"), "0.5", *job)  # below 1: the user asked for less
     assert rc == 0 and "gives them" not in err
+
+
+def test_one_epoch_gets_no_fraction_note(tmp_path, capsys):
+    data = make_dataset(tmp_path, "ptychonn", samples=256, size=128)
+    rc = main(["plan", data, "-P", "1", "-b", "32", "--epochs", "1", "--buffer-fraction", "1.0", "-o",
+               str(tmp_path / "p.h5"), "--no-progress"])
+    assert rc == 0 and "gives them" not in capsys.readouterr().err  # a single epoch reads everything anyway
 
 
 def test_simulate_at_a_fraction_of_one_says_its_buffers_are_the_whole_budget(tmp_path, capsys):

@@ -208,8 +208,10 @@ def bench(spec: str, *, comm, epochs: int = 3, local_batch: int = 32, buffer_fra
                  buffer_per_rank=buffer_per_rank, seed=seed, out=path, progress=progress, policy=policy,
                  ranks_per_node=ranks_per_node, peer_cost=peer_cost, reads_in_flight=reads_in_flight, parts=parts,
                  neighbours=neighbours)
-        whole = whole_data_note(buffer_fraction, s.summary())
-        s.close()
+        try:
+            whole = whole_data_note(buffer_fraction, s)
+        finally:
+            s.close()
         if whole:
             _say(log, whole)
         mark_as_bench(path)

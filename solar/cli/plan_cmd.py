@@ -160,9 +160,11 @@ def run(args) -> int:
               parts=args.parts, neighbours=args.neighbours)
     s = plan(args.spec, policy=args.policy, out=args.output, progress=args.progress, ranks_per_node=L,
              peer_cost=cost, device_buffer=args.device_buffer, **kw)
-    summary = s.summary()
-    whole = whole_data_note(args.buffer_fraction, summary)
-    s.close()
+    try:
+        summary = s.summary()
+        whole = whole_data_note(args.buffer_fraction, s)
+    finally:
+        s.close()
     if L is None and found > 1 and note:  # what the node plan MPI would carry would read instead
         from ..layout.summary import human_bytes
         from ..schedule.make import predicted_storage

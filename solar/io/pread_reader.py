@@ -370,7 +370,7 @@ class PreadReader(BlockReader):
         if unwritten.size or not plans:  # block 0 is not stored: nothing to shape a job from
             return
         plan = self._plan(blocks, plans)
-        jobs = self._direct_jobs(plan, [np.empty(int(lay.block_nbytes[0]), np.uint8)], blocks)
+        jobs = self._direct_jobs(plan, [np.empty(0, np.uint8)], blocks)  # (only its address is taken)
         io = DirectIO(-1, 0, READ_RETRIES, int(RETRY_BACKOFF_S * 1e6), DIRECT_ALIGN)  # never read: no ranges
         read_direct_ranges(io, jobs.ranges, 0, 0)
         if self._zlib is not None and self._zlib.any():

@@ -114,20 +114,29 @@ def _memory_text(m: dict) -> str:
                                                           "prefetch")}))
 
 
-def whole_data_note(fraction, summary: dict) -> str:
+def whole_data_note(fraction, schedule) -> str:
     """A line for ``--buffer-fraction`` >= 1 whose buffers still hold less than the data: the fraction is the
     memory, and the queued batches and reads in flight come out of it; says what fraction gives the buffers
-    ``fraction`` x the data ('' when there is nothing to say; ``summary``: :meth:`Schedule.summary`).  Printed by
-    ``solar plan`` and ``solar bench``."""
-    from ..memory.budget import PLAN_ALLOWANCE
-    residency, mem = summary["config"]["buffer_bytes"], summary.get("memory_per_rank") or {}
-    budget = mem.get("limit", 0) - PLAN_ALLOWANCE  # the user's per rank: the limit is residency + reserve
-    if fraction is None or fraction < 1.0 or summary.get("nodes") or summary["steady_hit_rate"] >= 1.0 \
-            or not 0 < residency * fraction < budget:  # the buffers together hold at least the data
+    ``fraction`` x the data ('' when there is nothing to say: a fraction below 1, a node plan, no epoch after
+    the first, or buffers that hold the data).  ``schedule``: an open :class:`~solar.schedule.Schedule`.
+    Printed by ``solar plan`` and ``solar bench``."""
+    if fraction is None or fraction < 1.0 or schedule.nodes is not None:
         return ""
+    if schedule.epochs - schedule.start_step // schedule.steps_per_epoch < 2:
+        return ""  # one epoch: it reads everything, whatever the buffers hold
     import math
-    want = math.ceil(fraction * (2.0 - residency / budget) * 100) / 100  # the reserve, on top of fraction x data
+
+    import numpy as np
+    d = schedule.demand()
+    used = np.zeros(d["block_nbytes"].shape[0], dtype=bool)
+    used[d["sample_blocks"]] = True
+    data = int(d["block_nbytes"][used].sum())  # what the fraction is of (solar.schedule.make.buffer_bytes)
+    held = schedule.buffer_bytes * schedule.world_size  # the buffers' residency, all ranks
+    steady = schedule.predicted()["steady_hit_rate"]
+    if data <= 0 or held >= data or steady >= 1.0:
+        return ""
+    # the reserve (batches, reads in flight) does not grow with the budget: f' x data = f x data + reserve x P
+    want = math.ceil((2.0 * fraction - held / data) * 100) / 100
     return (f"--buffer-fraction {fraction:g} is the memory per rank, batches and reads in flight included: the buffers "
-            f"hold {fraction * residency / budget:.2f} x the data and the steady epochs hit "
-            f"{summary['steady_hit_rate']:.1%}; --buffer-fraction {want:g} gives them {fraction:g} x the data "
-            f"(docs/runtime.md, 'The budget is the memory used')")
+            f"hold {held / data:.2f} x the data and the steady epochs hit {steady:.1%}; --buffer-fraction {want:g} "
+            f"gives them {fraction:g} x the data (docs/runtime.md, 'The budget is the memory used')")
