@@ -206,11 +206,12 @@ def markdown(s: dict) -> str:
     if hp:
         lines += ["", f"Hit path of one rank, all resident (benchmarks/hit_path.py, {hp['sample_bytes'] // 1024} KiB "
                       f"samples, batch {hp['batch']}): best GB/s and ratio to a one-thread np.take of the same bytes",
-                  "", "| what | GB/s | x np.take | x np.take on as many threads |", "|---|---|---|---|"]
-        same = hp.get("ratio_to_np_take_same_threads") or {}
+                  "", "| what | GB/s | x np.take | x np.take clip x3 out | x np.take on as many threads |",
+                  "|---|---|---|---|---|"]
+        same, x3 = hp.get("ratio_to_np_take_same_threads") or {}, hp.get("ratio_to_np_take_x3_out") or {}
         for k, v in hp["best_gbps"].items():
-            r, t = hp["ratio_to_np_take"].get(k), same.get(k)
-            lines.append(f"| {k} | {v:.2f} | {'-' if r is None else f'{r:.2f}'} | {'-' if t is None else f'{t:.2f}'} |")
+            r = [hp["ratio_to_np_take"].get(k), x3.get(k), same.get(k)]
+            lines.append(f"| {k} | {v:.2f} | " + " | ".join('-' if x is None else f'{x:.2f}' for x in r) + " |")
     for tier, rows in (s.get("bench_resident") or {}).items():
         lines += ["", f"`solar bench --model conv` on an all-resident plan, solar with the {tier} buffer: "
                   + ", ".join(f"epoch {r['epoch']} {r['samples_per_s']:.0f} samples/s au {fmt(r['au'])}"
