@@ -62,8 +62,9 @@ SIZE=${SOLAR_GPU_SIZE:-128}
 B=${SOLAR_GPU_BATCH:-128}
 WORKERS=${SOLAR_GPU_WORKERS:-8}
 # "all resident": the buffer fraction is the memory per rank, batches and reads in flight included, so 1.0 holds
-# about 0.9-0.96 of the data (`solar plan` says so); this fraction holds all of it at these sizes
-ALL=${SOLAR_GPU_ALL_FRACTION:-1.15}
+# about 0.9-0.96 of the data (`solar plan` says so); the fraction that holds all of it is searched for once the
+# data is made (benchmarks/hit_path.py's all_resident), unless given here
+ALL=${SOLAR_GPU_ALL_FRACTION:-}
 BUDGET=${SOLAR_GPU_BUDGET:-290}
 DEVICE=${SOLAR_GPU_DEVICE:-cuda}
 WORK=${SOLAR_GPU_WORK:-$(mktemp -d /tmp/solar-gpu.XXXXXX)}
@@ -190,6 +191,15 @@ for data in sys.argv[1:]:
     solar.plan(data, world_size=1, local_batch=4, epochs=1, buffer_fraction=0.5, out=data + '-warm.h5').close()
     with SolarLoader(data + '-warm.h5', data) as loader:
         next(iter(loader))" "$V" "$WORK/warm-gzip"
+if [ -z "$ALL" ]; then  # one rank, local batch $B, 3 epochs: as every all-resident step below plans
+    ALL=$("$PY" -c "import os, sys, tempfile
+sys.path.insert(0, 'benchmarks')
+import solar
+from hit_path import all_resident
+print(all_resident(solar, sys.argv[1], int(sys.argv[2]), 3, os.path.join(tempfile.mkdtemp(), 'plan.h5')))" \
+        "$D" "$B" 2>>"$LOG") || ALL=1.15
+    say "all resident: --buffer-fraction $ALL"
+fi
 
 TRAIN=(examples/train_ptychonn.py "$D" --stats-samples 512 --valid "$V" --valid-samples 256 "${CPU_FLAG[@]}")
 

@@ -6,14 +6,14 @@ same bytes, in the same run (issue 24's target).
 Plans one rank with a buffer that holds every block after epoch 0 (buffer fraction 1.0 plus the batches'
 reserve, about 1.1: see ``all_resident``).  Per ``--cpus`` value, per
 repeat: a SolarLoader (torch batches, as a training loop takes them) runs ``--epochs`` epochs; the hit
-path is its best epoch >= 1 (samples/s and GB/s of delivered bytes).  The reference, run interleaved with
-the loader's repeats: every field of the dataset in memory as one array, each batch of the same sample
-ids gathered with ``np.take(a, idx, axis=0, out=preallocated, mode="clip")`` on one thread, best of its epochs.
-Prints the ratios loader / reference per ``--cpus``; only ratios mean anything across machines.
+path is its best epoch >= 1 (samples/s and GB/s of delivered bytes).  The references, run interleaved with
+the loader's repeats: every field of the dataset in memory as one array, each batch of the same sample ids
+gathered with ``np.take(a, idx, axis=0, out=...)``, best of their epochs.  Prints the ratios loader / reference;
+only ratios mean anything across machines.
 
 Three one-thread references (``REFERENCES``): the issue's ``np.take`` (numpy's default mode, which buffers
-``out=``), "np.take clip" (no buffering; one output batch, which stays in the cache of a machine whose L3 holds
-it), "np.take clip x3 out" (three output batches written in turn, as a loader with batches queued must).  The
+``out=``), "np.take clip" (no buffering; one output batch, which may stay in the cache of a machine whose L3
+holds it), "np.take clip x3 out" (three output batches written in turn, as a loader with batches queued must).  The
 ceiling for ``cpus=N`` (N > 1): "np.take clip x3 out" with each batch's rows split into N runs gathered at once
 by N threads (numpy's ``take`` releases the GIL), "np.take xN".  Where
 that is not N times one thread, the machine's memory system, not the loader, caps what N cores can add.
@@ -32,9 +32,9 @@ import numpy as np
 
 #: The references (name: numpy ``take`` mode, batches of output written in turn).  "np.take" is issue 24's:
 #: ``np.take(a, idx, axis=0, out=preallocated)``, numpy's default mode, which always buffers ``out=`` (a second
-#: copy of every batch).  "np.take clip" skips that; its one 24 MiB ``out`` stays in a 32 MiB L3, so its writes
-#: hit the cache, which a loader whose training loop holds one batch while ``prefetch`` (2) more are made cannot
-#: do: "np.take clip x3 out" writes three batches in turn, as such a loader does (found 2026-11-27).
+#: copy of every batch).  "np.take clip" skips that; its one 24 MiB ``out`` may stay in a 32 MiB L3, which a loader
+#: whose training loop holds one batch while ``prefetch`` (2) more are made cannot count on: "np.take clip x3 out"
+#: writes three batches in turn, as such a loader does (on the 2-core VM 0.94 of one ``out``'s rate).
 REFERENCES = {"np.take": ("raise", 1), "np.take clip": ("clip", 1), "np.take clip x3 out": ("clip", 3)}
 
 
@@ -138,8 +138,8 @@ def main(argv=None) -> int:
     sample_bytes = sum(x.shape[1] * x.itemsize for x in arrays)
     outs = [[np.empty((a.batch, x.shape[1]), x.dtype) for x in arrays] for _ in range(3)]
     n = sum(b.shape[0] for b in batches[1])
-    res = {"data": a.data, "samples": layout.n_samples, "buffer_fraction": fraction, "sample_bytes": sample_bytes, "batch": a.batch,
-           "load": os.getloadavg(), "runs": []}
+    res = {"data": a.data, "samples": layout.n_samples, "buffer_fraction": fraction, "sample_bytes": sample_bytes,
+           "batch": a.batch, "load": os.getloadavg(), "runs": []}
     from concurrent.futures import ThreadPoolExecutor
     threads = sorted({c for c in a.cpus if c is not None and c > 1})
     pool = ThreadPoolExecutor(max(threads) - 1) if threads else None

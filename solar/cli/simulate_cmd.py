@@ -148,7 +148,8 @@ def run(args) -> int:
     if any(f >= 1.0 for f, _ in budgets):  # where a reader would conclude that a plan holds all the data
         print("solar simulate: each policy's buffer is the whole budget; `solar plan` at the same budget keeps the "
               "queued batches and reads in flight inside it, so its buffers hold a little less (`solar plan "
-              "--buffer-fraction` says which fraction holds the data; docs/runtime.md, 'The budget is the memory used')", file=sys.stderr)
+              "--buffer-fraction` says which fraction holds the data; docs/runtime.md, 'The budget is the memory "
+              "used')", file=sys.stderr)
     if args.json:
         print(json.dumps({"source": source, "dataset_bytes": total, "world_size": P,
                           "local_batch": args.local_batch, "epochs": args.epochs, "epsilon": args.epsilon,

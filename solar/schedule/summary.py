@@ -126,11 +126,9 @@ def whole_data_note(fraction, schedule) -> str:
         return ""  # one epoch: it reads everything, whatever the buffers hold
     import math
 
-    import numpy as np
-    d = schedule.demand()
-    used = np.zeros(d["block_nbytes"].shape[0], dtype=bool)
-    used[d["sample_blocks"]] = True
-    data = int(d["block_nbytes"][used].sum())  # what the fraction is of (solar.schedule.make.buffer_bytes)
+    from ..scheduler.run import Demand
+    from ..scheduler.simulate import dataset_bytes
+    data = dataset_bytes(Demand(**schedule.demand()))  # what the fraction is of (solar.schedule.make.buffer_bytes)
     held = schedule.buffer_bytes * schedule.world_size  # the buffers' residency, all ranks
     steady = schedule.predicted()["steady_hit_rate"]
     if data <= 0 or held >= data or steady >= 1.0:
