@@ -95,23 +95,42 @@ class FailingKernel:
         return r0
 
 
-@pytest.mark.parametrize("direct_io", [False, True])
-def test_failed_read_fails_the_step_not_the_sample(tmp_path, monkeypatch, direct_io):
+class FailingAio(FailingKernel):
+    """``aio_read_ranges`` (native AIO) failing as :class:`FailingKernel` does, on the first range it is given."""
+
+    def __init__(self, first: int):
+        self.first, self.calls, self.real = first, 0, pread_reader.aio_read_ranges
+
+    def __call__(self, ring, ranges, fds, rs, *args):
+        self.calls += 1
+        if self.calls < self.first:
+            return self.real(ring, ranges, fds, rs, *args)
+        r = int(rs[0])
+        ranges.got[r], ranges.err[r] = 0, errno.EIO
+        return r
+
+
+@pytest.mark.parametrize("direct_io,aio", [(False, False), (True, False), (True, True)],
+                         ids=["buffered", "direct", "direct-aio"])
+def test_failed_read_fails_the_step_not_the_sample(tmp_path, monkeypatch, direct_io, aio):
     """Reads start failing for good mid-run: every batch delivered before is h5py's, then the step raises.
-    Through the page cache (each range one ``os.preadv``) and with O_DIRECT (ranges of unfiltered blocks
-    read by the GIL-free kernel, :func:`solar.io.kernels.read_direct_ranges`)."""
+    Through the page cache (each range one ``os.preadv``), with O_DIRECT (ranges of unfiltered blocks read
+    by the GIL-free kernel, :func:`solar.io.kernels.read_direct_ranges`) and with native AIO
+    (:func:`solar.io.aio.aio_read_ranges`)."""
+    if aio and not solar.io.aio.aio_available()[0]:
+        pytest.skip(f"native AIO: {solar.io.aio.aio_available()[1]}")
     data = make_dataset(tmp_path, "ptychonn", "chunked", samples=24)
     layout = solar.load_layout(data)
     path = str(tmp_path / "plan.h5")
     solar.plan(layout, world_size=1, local_batch=2, epochs=1, buffer_fraction=0.3, out=path).close()
     if direct_io:
-        failing = FailingKernel(first=6)
-        monkeypatch.setattr(pread_reader, "read_direct_ranges", failing)
+        failing = FailingAio(first=6) if aio else FailingKernel(first=6)
+        monkeypatch.setattr(pread_reader, "aio_read_ranges" if aio else "read_direct_ranges", failing)
     else:
         monkeypatch.setattr(os, "preadv", FlakyPreadv("eio", times=10**9, first=6))
     delivered = []
     with SolarLoader(path, layout, rank=0, as_torch=False, prefetch=1, threads=1,
-                     reader_options={"direct_io": direct_io}) as loader:
+                     reader_options={"direct_io": direct_io, "aio": aio}) as loader:
         with pytest.raises(solar.DecodeError, match=r"failed \(4 tries\): Input/output error"):
             for batch in loader:
                 delivered.append(batch)

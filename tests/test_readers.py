@@ -28,6 +28,7 @@ from solar.io import (
     get_reader,
     pread_exact,
 )
+from solar.io.aio import aio_available
 from solar.layout import LayoutSpec, build_layout, load_layout
 from solar.layout.parts import chunks_of, is_parts, split_chunks
 
@@ -37,6 +38,8 @@ BACKENDS = [(name, {}) for name in sorted(READERS)] + [
     ("pread", {"threads": 2, "max_gap": 0, "max_read": 3000}),  # cuts runs of blocks into several reads
     ("pread", {"direct_io": True}),  # O_DIRECT through an aligned bounce buffer (the default "auto" here)
     ("pread", {"direct_io": True, "threads": 1, "max_gap": 0, "max_read": 3000}),
+    ("pread", {"direct_io": True, "aio": False}),  # O_DIRECT by the pool, a thread blocked per read
+    ("pread", {"aio": True, "threads": 2, "max_gap": 0, "max_read": 3000}),  # native AIO, 2 slots refilled
     ("pread", {"direct_io": False}),  # through the page cache: scatter preadv straight into the slots
     ("pread", {"direct_io": False, "threads": 2, "max_gap": 0, "max_read": 3000}),
     ("mpiio", {"collective": False, "threads": 1}),
@@ -54,6 +57,8 @@ def backend(request):
     ok, why = READERS[name].available()
     if not ok:
         pytest.skip(f"{name}: {why}")
+    if opts.get("aio") is True and not aio_available()[0]:
+        pytest.skip(f"native AIO: {aio_available()[1]}")
     return name, opts
 
 
@@ -752,7 +757,7 @@ def test_direct_jobs_spread_over_the_pool(dataset, monkeypatch):
     blocks = np.arange(0, layout.n_blocks, 2)
     with get_reader("h5py", layout) as h5:
         ref, _ = _read(h5, layout, blocks)
-    with get_reader("pread", layout, threads=4, direct_io=True, coalesce=False) as reader:
+    with get_reader("pread", layout, threads=4, direct_io=True, coalesce=False, aio=False) as reader:
         got, stats = _read(reader, layout, blocks)
     assert stats.n_reads == blocks.shape[0]  # one range per block
     for b in blocks.tolist():
@@ -760,3 +765,95 @@ def test_direct_jobs_spread_over_the_pool(dataset, monkeypatch):
     spans = sorted((a, b) for _, a, b in seen)
     assert spans[0][0] == 0 and all(x[1] == y[0] for x, y in zip(spans, spans[1:]))
     assert len(spans) > 1 and len({t for t, _, _ in seen}) > 1
+
+
+needs_aio = pytest.mark.skipif(not aio_available()[0], reason=f"native AIO: {aio_available()[1]}")
+
+
+@needs_aio
+def test_aio_kernel_reads_copies_and_reports_failures(tmp_path):
+    """The native AIO kernel (what the pread reader runs for unfiltered blocks by default on ext4, xfs,
+    btrfs): more ranges than slots, each range's blocks copied out of its slot; a file ending inside a window
+    is data; a read past the end comes back short after the pread retries; a misaligned offset reports
+    EINVAL; with several failures the first in the order given is reported, once every read is back; a
+    context the kernel refuses reads every range with pread."""
+    import errno
+    import mmap
+    from solar.io.aio import aio_read_ranges, io_destroy, make_ring
+    from solar.io.kernels import DirectRanges
+    from solar.io.pread_reader import DIRECT_ALIGN as A
+    from solar.io.pread_reader import open_fd
+    path = str(tmp_path / "k.bin")
+    data = np.random.default_rng(1).integers(0, 256, 9 * A + 123, dtype=np.uint8)
+    data.tofile(path)
+    fd = open_fd([path], False, 0, direct=True)
+    i64 = lambda *v: np.array(v, np.int64)  # noqa: E731
+    slots = np.frombuffer(mmap.mmap(-1, 2 * 2 * A), np.uint8)
+    ring = make_ring(2, 2 * A, slots.ctypes.data)
+    try:
+        # 5 ranges of one block each through 2 slots; the last is the file's tail (123 bytes past 9A)
+        lo, size = i64(0, 2 * A, 4 * A, 6 * A, 8 * A), i64(2 * A, 2 * A, A, 2 * A, 2 * A)
+        need = i64(A + 10, 2 * A, 100, 2 * A, A + 123)
+        ptr, src, nb = i64(0, 1, 2, 3, 4, 5), i64(10, 0, 7, A - 1, 0), i64(A, 2 * A, 93, A + 1, A + 123)
+        out = [np.zeros(n, np.uint8) for n in nb]
+        dst = i64(*[o.ctypes.data for o in out])
+        got, err = np.zeros(5, np.int64), np.full(5, -7, np.int64)
+
+        def rg(lo, need):
+            return DirectRanges(lo, size, need, got, err, ptr, src, nb, nb, dst, np.zeros(5, bool))
+        fds = np.full(5, fd, np.int64)
+        order = i64(4, 0, 3, 1, 2)
+        assert aio_read_ranges(ring, rg(lo, need), fds, order, 3, 0, A) == -1
+        assert err.tolist() == [0] * 5 and got[4] == A + 123 and (got[:4] >= need[:4]).all()
+        for o, start in zip(out, (lo + src).tolist()):
+            np.testing.assert_array_equal(o, data[start:start + o.shape[0]])
+        # ranges 1 and 3 past the end (short after the retries, nothing copied), range 2 misaligned (EINVAL)
+        for o in out:
+            o[:] = 0
+        lo2, need2 = i64(0, 12 * A, 4 * A + 1, 14 * A, 8 * A), i64(A + 10, 10, 100, 10, A + 123)
+        bad = aio_read_ranges(ring, rg(lo2, need2), fds, i64(0, 1, 2, 3, 4), 3, 0, A)
+        assert bad == 1 and got[1] == 0 and err[1] == 0 and not out[1].any()
+        assert aio_read_ranges(ring, rg(lo2, need2), fds, i64(4, 2, 3, 1, 0), 3, 0, A) == 2
+        assert err[2] == errno.EINVAL
+        # the ring is fit for the next call: nothing was left in flight
+        assert aio_read_ranges(ring, rg(lo, need), fds, i64(0, 1, 2, 3, 4), 3, 0, A) == -1
+        # a context the kernel refuses (io_submit fails): every range read with pread, the same bytes
+        for o in out:
+            o[:] = 0
+        assert aio_read_ranges(ring._replace(ctx=0), rg(lo, need), fds, order, 3, 0, A) == -1
+        for o, start in zip(out, (lo + src).tolist()):
+            np.testing.assert_array_equal(o, data[start:start + o.shape[0]])
+    finally:
+        io_destroy(ring.ctx)
+        os.close(fd)
+
+
+@needs_aio
+def test_aio_reads_equal_h5py_and_fall_back_when_refused(dataset, monkeypatch):
+    """aio=True reads h5py's bytes; where io_setup refuses a context (the machine's aio-max-nr), the pool
+    reads the call and open_stats counts it; a bad option is one line."""
+    import errno
+    from solar.io import pread_reader
+    layout, _ = dataset("ptychonn", "contiguous")
+    blocks = np.random.default_rng(5).permutation(layout.n_blocks)
+    with get_reader("h5py", layout) as h5:
+        ref, _ = _read(h5, layout, blocks)
+    with get_reader("pread", layout, threads=3, direct_io=True, aio=True) as reader:
+        got, _ = _read(reader, layout, blocks)
+        st = reader.open_stats()
+    assert st["aio"] is True and st["aio_files"] >= 1 and st["aio_refused"] == 0
+    for b in blocks.tolist():
+        np.testing.assert_array_equal(got[b], ref[b])
+
+    def refuse(*a):
+        raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
+    monkeypatch.setattr(pread_reader, "make_ring", refuse)
+    with get_reader("pread", layout, threads=3, direct_io=True, aio=True) as reader:
+        got, _ = _read(reader, layout, blocks)
+        assert reader.open_stats()["aio_refused"] >= 1
+    for b in blocks.tolist():
+        np.testing.assert_array_equal(got[b], ref[b])
+    with pytest.raises(SpecError, match=r"aio must be True, False or \"auto\", got 'yes'"):
+        get_reader("pread", layout, aio="yes")
+    with pytest.raises(SpecError, match=r"aio=True needs direct_io"):
+        get_reader("pread", layout, aio=True, direct_io=False)

@@ -105,7 +105,11 @@ def format_report(r: dict) -> str:
         s = r["solar"]
         pools = f"pools {human_bytes(s['pool_bytes_per_rank'])}" if "pool_bytes_per_rank" in s else \
             f"pools {human_bytes(s['pool_bytes_per_node'])} per node, shared"
-        lines.append(f"solar: reader {s['reader']}, buffer {human_bytes(s['buffer_budget_per_rank'])} per rank "
+        io = s.get("reader_io", {})
+        how = ", ".join(w for w, on in (("O_DIRECT", io.get("direct_io")), ("native AIO", io.get("aio_files")))
+                        if on)
+        lines.append(f"solar: reader {s['reader']}{f' ({how})' if how else ''}, buffer "
+                     f"{human_bytes(s['buffer_budget_per_rank'])} per rank "
                      f"({pools}), RSS growth {human_bytes(s['rss_growth_bytes_max_rank'])} on the largest rank")
         if "ranks_per_node" in s:
             lines.append(f"solar node plan: {s['policy']}, {s['ranks_per_node']} ranks per node sharing one buffer; "

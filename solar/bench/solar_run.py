@@ -191,6 +191,10 @@ def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float
         if nodes:
             out["policy"], out["ranks_per_node"] = loader.schedule.policy, loader.nodes.ranks_per_node
         out["rss_growth_bytes_max_rank"] = comm.allreduce(peak_rss - rss0, op=_max())
+        st = loader.reader.open_stats() if hasattr(loader.reader, "open_stats") else {}
+        # how this rank's reader read (rank 0's: O_DIRECT or not, native AIO or threads)
+        out["reader_io"] = {k: st[k] for k in ("direct_io", "buffered_files", "aio", "aio_files", "aio_refused")
+                            if k in st}
     finally:
         loader.close()
     return out

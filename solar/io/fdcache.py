@@ -14,10 +14,11 @@ sockets), at least :data:`MIN_OPEN`.
 A handle in use is pinned (``with cache.use(key) as fd:``): it is never closed
 while a thread reads through it; a thread that needs a new file while every
 slot is pinned waits until one is released.  A thread pins one handle at a
-time, so with ``capacity >= 1`` every wait ends.  If the operating system
-still refuses an open (EMFILE/ENFILE: something else in the process holds
-descriptors), idle files are closed, ``capacity`` shrinks to what is open, and
-the open is tried again; with no idle file left the error propagates.
+time, or pins more only with ``acquire(key, wait=False)``, which never waits, so
+with ``capacity >= 1`` every wait ends.  If the operating system still refuses
+an open (EMFILE/ENFILE: something else in the process holds descriptors), idle
+files are closed, ``capacity`` shrinks to what is open, and the open is tried
+again; with no idle file left the error propagates.
 """
 from __future__ import annotations
 
@@ -91,8 +92,11 @@ class FileCache:
         finally:
             self.release(key)
 
-    def acquire(self, key: Hashable):
-        """The open handle of ``key``, pinned until :meth:`release`; opens it (and evicts) if needed."""
+    def acquire(self, key: Hashable, wait: bool = True):
+        """The open handle of ``key``, pinned until :meth:`release`; opens it (and evicts) if needed.
+
+        ``wait=False``: None instead of waiting (every slot pinned, or another thread opening ``key``), for a
+        thread that already holds pins and must not wait for others' (two such threads could wait forever)."""
         with self._cond:
             while True:
                 e = self._entries.get(key)
@@ -101,10 +105,14 @@ class FileCache:
                         e.pins += 1
                         self._entries.move_to_end(key)
                         return e.handle
+                    if not wait:
+                        return None
                     self._cond.wait()  # another thread is opening it
                     continue
                 if len(self._entries) < self.capacity or self._evict_one():
                     break
+                if not wait:
+                    return None
                 self._cond.wait()  # every slot is pinned: wait for a release
             e = self._entries[key] = _Entry()  # a placeholder holds the slot while we open outside the lock
         try:

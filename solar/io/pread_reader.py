@@ -27,6 +27,13 @@ buffer, ``memcpy`` into the caller's arrays, the retries of :func:`pread_direct`
 With libdeflate installed (extra ``fast``), chunks filtered by deflate alone join such jobs too
 (:func:`~solar.io.kernels.inflate_direct_ranges`: each zlib stream inflated straight into the caller's array,
 no bytes object, no copy; +10% samples/s on the gzip bench, docs/runtime.md); other filters decode in Python.
+With native AIO (option ``aio``, default ``"auto"``: files on ext4, xfs and btrfs, where the kernel runs
+``O_DIRECT`` AIO asynchronously; ``True``: every ``O_DIRECT`` file; ``False``: never) the ranges of such jobs
+whose windows are at most :data:`~solar.io.aio.AIO_SLOT_MAX` are instead read by the calling thread itself,
+``threads`` of them in flight per call, in one GIL-free call (:func:`~solar.io.aio.aio_read_ranges`): no
+thread wakes per read, which on a rank with few cores leaves the cores to booking and assembly (measured:
+docs/runtime.md, "Native AIO").  Retries and errors are the kernel path's; where the kernel refuses AIO
+(seccomp, ``fs.aio-max-nr``) the pool reads them.
 Nothing goes through the page cache (the buffer is the only copy: its budget is the memory used), and
 the kernel's share of a read is about halved (measured: docs/runtime.md).  A file whose file system has
 no direct I/O (tmpfs, some FUSE mounts: ``open`` fails with EINVAL) is read through the page cache
@@ -53,6 +60,7 @@ import mmap
 import os
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
@@ -71,6 +79,7 @@ from .block_plan import (
     plan_reads,
     short_read_error,
 )
+from .aio import AIO_SLOT_MAX, AioRing, aio_available, aio_fs, aio_read_ranges, io_destroy, make_ring
 from .coalesce import CoalescePolicy
 from .fdcache import FileCache, open_file_budget
 from .kernels import (LIBDEFLATE, DirectIO, DirectRanges, fadvise_ranges, inflate_direct_ranges,
@@ -276,12 +285,21 @@ def max_open_option(value, reader: str) -> int:
     return int(value)
 
 
+def _destroy_rings(rings: list) -> None:
+    """Destroy this process's AIO contexts in ``rings`` ((pid, context) pairs) and empty it."""
+    for pid, ctx in rings:
+        if pid == os.getpid():
+            io_destroy(ctx)
+    rings.clear()
+
+
 @register
 class PreadReader(BlockReader):
     """``os.preadv`` in a thread pool; options ``coalesce``, ``max_gap``, ``max_read`` (bytes),
     ``drop_cache`` (drop what was read from the page cache), ``readahead`` (keep the
-    kernel's read-ahead; default off: ``POSIX_FADV_RANDOM``) and ``max_open`` (files open
-    at once; None: from ``ulimit -n``), see the module notes.
+    kernel's read-ahead; default off: ``POSIX_FADV_RANDOM``), ``max_open`` (files open
+    at once; None: from ``ulimit -n``), ``direct_io`` and ``aio`` (native AIO for ``O_DIRECT``
+    reads: ``"auto"``, True, False), see the module notes.
 
     ``threads=1`` reads in the calling thread (no pool).  Safe to use after a
     fork: the child opens its own descriptors and pool on first use.
@@ -293,7 +311,7 @@ class PreadReader(BlockReader):
     needs_raw = True
     OPTIONS: ClassVar[dict] = {"coalesce": True, "max_gap": CoalescePolicy.max_gap,
                                "max_read": CoalescePolicy.max_read, "drop_cache": True, "readahead": False,
-                               "max_open": None, "direct_io": "auto"}
+                               "max_open": None, "direct_io": "auto", "aio": "auto"}
 
     @classmethod
     def available(cls):
@@ -314,6 +332,22 @@ class PreadReader(BlockReader):
         if mode is True and not hasattr(os, "O_DIRECT"):
             raise SpecError("reader 'pread' option direct_io=True needs O_DIRECT, which this platform lacks")
         self.direct = mode is True or (mode == "auto" and hasattr(os, "O_DIRECT"))
+        aio = o["aio"]
+        if not (isinstance(aio, bool) or aio == "auto"):
+            raise SpecError(f"reader 'pread' option aio must be True, False or \"auto\", got {aio!r}")
+        if aio is True and not self.direct:
+            raise SpecError("reader 'pread' option aio=True needs direct_io (native AIO reads O_DIRECT files only)")
+        if aio is not False and self.direct:
+            ok, why = aio_available()
+            if aio is True and not ok:
+                raise SpecError(f"reader 'pread' option aio=True: native AIO is not available here ({why})")
+            aio = aio if ok else False
+        #: False (threads only), True (native AIO for every O_DIRECT file) or "auto" (files on ext4, xfs, btrfs)
+        self.aio = aio if self.direct else False
+        self._aio_files: dict[int, bool] = {}  # file -> read with native AIO
+        self._rings: list = []  # (pid, AIO context) of each thread's ring, destroyed by close() or with the reader
+        self._aio_refused = 0  # calls read by the pool because io_setup refused a context
+        weakref.finalize(self, _destroy_rings, self._rings)
         # files opened without O_DIRECT although asked ("auto" on a file system without it): read buffered
         self._buffered: set[int] = set()
         self.drop_cache = o["drop_cache"] and hasattr(os, "posix_fadvise")
@@ -375,6 +409,12 @@ class PreadReader(BlockReader):
         read_direct_ranges(io, jobs.ranges, 0, 0)
         if self._zlib is not None and self._zlib.any():
             inflate_direct_ranges(io, jobs.ranges, 0, 0, 0, np.full(3, -1, np.int64))
+        if self.aio:  # a ring of no slots: no system call
+            z = np.zeros(0, np.int64)
+            aio_read_ranges(AioRing(0, 0, 0, 0, np.zeros((0, 8), np.int64), np.zeros((0, 4), np.int64), z, z, z),
+                            jobs.ranges,
+                            np.zeros(1, np.int64), np.zeros(0, np.int64), READ_RETRIES,
+                            int(RETRY_BACKOFF_S * 1e6), DIRECT_ALIGN)
 
     def _thread_setup(self) -> None:
         if self.direct:
@@ -389,15 +429,12 @@ class PreadReader(BlockReader):
             self._pool, self._pid = None, os.getpid()
             self._local, self._pool_lock = threading.local(), threading.Lock()
             self._decompressors = []  # the parent's, which the parent frees
+            self._rings.clear()  # the parent's AIO contexts (the kernel ties them to the parent's memory)
 
     @contextmanager
     def _fd(self, file: int):
         """The descriptor of file ``file``, pinned open for the ``with`` body."""
-        try:
-            fd = self._files.acquire(file)
-        except OSError as exc:  # EMFILE/ENFILE with no idle file of ours left to close
-            raise DecodeError(f"cannot open {self.layout.files[file]}: {exc.strerror} (this reader holds "
-                              f"{len(self._files)} files open; raise 'ulimit -n' or lower max_open)") from None
+        fd = self._acquire(file)
         try:
             yield fd
         finally:
@@ -405,8 +442,11 @@ class PreadReader(BlockReader):
 
     def open_stats(self) -> dict:
         """The file cache's counts; ``direct_io``: whether files are opened with O_DIRECT, and
-        ``buffered_files``: how many of those opened so far refused it and are read through the page cache."""
-        return {**self._files.stats(), "direct_io": self.direct, "buffered_files": len(self._buffered)}
+        ``buffered_files``: how many of those opened so far refused it and are read through the page cache;
+        ``aio``: whether native AIO may be used (option True or "auto", and available), ``aio_files``: files
+        read so far with it, ``aio_refused``: calls whose ranges went to the pool because ``io_setup`` refused."""
+        return {**self._files.stats(), "direct_io": self.direct, "buffered_files": len(self._buffered),
+                "aio": bool(self.aio), "aio_files": sum(self._aio_files.values()), "aio_refused": self._aio_refused}
 
     def _scratch(self, nbytes: int) -> memoryview:
         buf = getattr(self._local, "buf", None)
@@ -453,6 +493,8 @@ class PreadReader(BlockReader):
             self._decompressors = []
         for d in mine:  # no worker uses them now: the pool is shut down (or this is a one-thread reader)
             _libdeflate_ctypes().libdeflate_free_decompressor(d)
+        with self._pool_lock:
+            _destroy_rings(self._rings)  # no call is reading: the caller's threads are done with this reader
         self._local = threading.local()
         if os.getpid() == self._pid:
             self._files.close_all()
@@ -476,14 +518,25 @@ class PreadReader(BlockReader):
         if self.trace is not None:
             self.trace.append(np.stack([plan.file, plan.start, plan.length], axis=1))  # int64[R, 3]
         jobs = self._direct_jobs(plan, out, blocks) if self.direct else None
-        n_jobs = R if jobs is None else jobs.kernel.shape[0]
-        counter, failed = itertools.count(), []
-        if self.threads == 1 or n_jobs == 1:
-            self._work(plan, jobs, n_jobs, blocks, out, counter, failed)
+        todo = range(R if jobs is None else jobs.kernel.shape[0])  # the jobs (ranges) of the thread pool
+        aio = self._aio_jobs(plan, jobs) if jobs is not None and self.aio else None
+        ring = self._ring(int(jobs.bounce[aio].max())) if aio is not None else None
+        if ring is None:
+            aio = None  # no context to be had (the machine's aio-max-nr): the pool reads them
         else:
-            futs = [self._workers().submit(self._work, plan, jobs, n_jobs, blocks, out, counter, failed)
-                    for _ in range(min(self.threads, n_jobs))]
-            wait(futs)  # every worker has finished writing into `out` before we return or raise
+            todo = np.flatnonzero(~aio)
+        counter, failed, futs = itertools.count(), [], []
+        if len(todo) and (self.threads == 1 or (len(todo) == 1 and aio is None)):
+            self._work(plan, jobs, todo, blocks, out, counter, failed)
+        elif len(todo):
+            futs = [self._workers().submit(self._work, plan, jobs, todo, blocks, out, counter, failed)
+                    for _ in range(min(self.threads, len(todo)))]
+        if aio is not None:
+            try:
+                self._read_aio(ring, plan, jobs, np.flatnonzero(aio), blocks, out)
+            except BaseException as exc:  # noqa: BLE001 - raised once the pool's workers have stopped
+                failed.append(exc)
+        wait(futs)  # every worker has finished writing into `out` before we return or raise
         if failed:
             raise failed[0]
         if self.drop_cache and (not self.direct or self._buffered):  # the bytes are in the caller's arrays:
@@ -567,14 +620,15 @@ class PreadReader(BlockReader):
                                   blocks[plan.pos]], addr[plan.pos], zlib)
         return _DirectJobs(cut, direct[cut[:-1]], np.maximum.reduceat(size, cut[:-1]), inflate, ranges)
 
-    def _work(self, plan: _ReadPlan, jobs, n_jobs: int, blocks, out, counter, failed: list) -> None:
-        """Do jobs (ranges, or :class:`_DirectJobs`) ``next(counter)`` until none is left or a worker
+    def _work(self, plan: _ReadPlan, jobs, todo, blocks, out, counter, failed: list) -> None:
+        """Do jobs (ranges, or :class:`_DirectJobs`) ``todo[next(counter)]`` until none is left or a worker
         has failed (``failed``)."""
         try:
             while not failed:
-                j = next(counter)  # atomic under the GIL: every job is done by exactly one worker
-                if j >= n_jobs:
+                i = next(counter)  # atomic under the GIL: every job is done by exactly one worker
+                if i >= len(todo):
                     return
+                j = int(todo[i])
                 if jobs is None:
                     self._read_range(plan, j, blocks, out)
                 elif not (jobs.kernel[j] and self._read_job_direct(plan, jobs, j, blocks)):
@@ -598,24 +652,129 @@ class PreadReader(BlockReader):
                 bad = inflate_direct_ranges(io, jobs.ranges, a, b, self._decompressor(), zbad)
             else:
                 bad = read_direct_ranges(io, jobs.ranges, a, b)
-        rg = jobs.ranges
         if bad >= 0:
-            lay, r = self.layout, int(bad)
-            if zbad[0] >= 0:
-                k, res, got = (int(x) for x in zbad)
-                n = int(rg.nbytes[k])
-                why = f"decodes to {got} bytes, expected {n}" if res == 0 else \
-                    f"corrupt zlib stream (libdeflate result {res})" if res != 3 else \
-                    f"corrupt zlib stream (decodes to more than {n} bytes)"
-                raise DecodeError(f"cannot decode {chunk_where(lay, int(blocks[plan.pos[k]]))}: {why}")
-            start, length = int(plan.start[r]), int(plan.length[r])
-            pos = plan.pos[plan.ptr[r]:plan.ptr[r + 1]]
-            e = int(rg.err[r])
-            if e:
-                raise _direct_failed(lay, int(blocks[pos[0]]), start, length, e, os.strerror(e))
-            raise short_read_error(lay, blocks[pos], start + plan.rel[plan.ptr[r]:plan.ptr[r + 1]],
-                                   int(rg.lo[r] + rg.got[r]))
+            self._direct_error(plan, jobs.ranges, int(bad), blocks, zbad)
         return True
+
+    def _direct_error(self, plan: _ReadPlan, rg, r: int, blocks, zbad) -> None:
+        """Raise the error of range ``r`` left short or failed by a read kernel (``zbad``: where a zlib stream
+        failed, as :func:`~solar.io.kernels.inflate_direct_ranges` sets it)."""
+        lay = self.layout
+        if zbad[0] >= 0:
+            k, res, got = (int(x) for x in zbad)
+            n = int(rg.nbytes[k])
+            why = f"decodes to {got} bytes, expected {n}" if res == 0 else \
+                f"corrupt zlib stream (libdeflate result {res})" if res != 3 else \
+                f"corrupt zlib stream (decodes to more than {n} bytes)"
+            raise DecodeError(f"cannot decode {chunk_where(lay, int(blocks[plan.pos[k]]))}: {why}")
+        start, length = int(plan.start[r]), int(plan.length[r])
+        pos = plan.pos[plan.ptr[r]:plan.ptr[r + 1]]
+        e = int(rg.err[r])
+        if e:
+            raise _direct_failed(lay, int(blocks[pos[0]]), start, length, e, os.strerror(e))
+        raise short_read_error(lay, blocks[pos], start + plan.rel[plan.ptr[r]:plan.ptr[r + 1]],
+                               int(rg.lo[r] + rg.got[r]))
+
+    # ------------------------------------------------------------ native AIO
+    def _aio_file(self, file: int) -> bool:
+        """Whether file ``file`` is read with native AIO (``aio=True``: every file; ``"auto"``: on ext4, xfs, btrfs)."""
+        use = self._aio_files.get(file)
+        if use is None:
+            use = self._aio_files[file] = self.aio is True or aio_fs(self.layout.files[file]) is not None
+        return use
+
+    def _aio_jobs(self, plan: _ReadPlan, jobs: _DirectJobs):
+        """bool[jobs]: the jobs read with native AIO (whole GIL-free copies, windows of at most
+        :data:`~solar.io.aio.AIO_SLOT_MAX`, files :meth:`_aio_file` picks); None if none is."""
+        first = jobs.cut[:-1]
+        files = plan.file[first]
+        use = jobs.kernel & ~jobs.inflate & (jobs.bounce <= AIO_SLOT_MAX)
+        if use.any():
+            ok = np.fromiter((self._aio_file(int(f)) for f in np.unique(files[use]).tolist()), bool)
+            if not ok.all():
+                use &= np.isin(files, np.unique(files[use])[ok])
+        return use if use.any() else None
+
+    def _ring(self, slot_bytes: int):
+        """This thread's :class:`~solar.io.aio.AioRing` (``threads`` reads in flight), its slots at least
+        ``slot_bytes`` each; None when the kernel gives no new context (EAGAIN: the machine's ``fs.aio-max-nr``
+        is used up), counted in ``open_stats()["aio_refused"]``."""
+        ring = getattr(self._local, "ring", None)
+        if ring is None or ring.slot_bytes < slot_bytes:
+            slot_bytes = max(-(-slot_bytes // DIRECT_ALIGN) * DIRECT_ALIGN, 1 << 16)
+            buf = mmap.mmap(-1, self.threads * slot_bytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            addr = np.frombuffer(buf, np.uint8).ctypes.data
+            if ring is None:
+                try:
+                    ring = make_ring(self.threads, slot_bytes, addr)
+                except OSError:
+                    self._aio_refused += 1
+                    return None
+                with self._pool_lock:
+                    self._rings.append((os.getpid(), ring.ctx))
+            else:
+                ring = ring._replace(bounce=addr, slot_bytes=slot_bytes)
+            self._local.ring, self._local.ring_buf = ring, buf  # the mmap lives as long as the ring uses it
+        return ring
+
+    def _read_aio(self, ring, plan: _ReadPlan, jobs: _DirectJobs, aio_jobs: np.ndarray, blocks, out) -> None:
+        """The ranges of jobs ``aio_jobs`` read in this thread with native AIO
+        (:func:`~solar.io.aio.aio_read_ranges`), a group of files at a time, each file pinned open meanwhile; a
+        file opened without O_DIRECT is read range by range.  Errors as :meth:`_read_job_direct`'s."""
+        cut, rg = jobs.cut, jobs.ranges
+        lens = cut[aio_jobs + 1] - cut[aio_jobs]
+        rs = np.repeat(cut[aio_jobs] - np.cumsum(lens) + lens, lens) + np.arange(int(lens.sum()))
+        files = plan.file[rs]
+        todo = np.unique(files).tolist()
+        group = max(1, self._files.capacity // 16)  # files one thread pins at once
+        fds = np.full(plan.start.shape[0], -1, np.int64)
+        i = 0
+        while i < len(todo):
+            pinned = [todo[i]]
+            fds_of = {todo[i]: self._acquire(todo[i])}  # waits (no pin held yet)
+            i += 1
+            while i < len(todo) and len(pinned) < group:
+                try:
+                    fd = self._files.acquire(todo[i], wait=False)
+                except OSError:  # EMFILE with the group's files pinned: the next group opens it, pinning none
+                    fd = None
+                if fd is None:
+                    break
+                pinned.append(todo[i])
+                fds_of[todo[i]] = fd
+                i += 1
+            try:
+                mine = np.isin(files, pinned)
+                direct = [f for f in pinned if f not in self._buffered]
+                for f in pinned:
+                    fds[plan.file == f] = fds_of[f]
+                sel = rs[mine & np.isin(files, direct)]
+                for r in rs[mine & ~np.isin(files, direct)].tolist():  # refused O_DIRECT: through the page cache
+                    self._read_range(plan, r, blocks, out)
+                bad = aio_read_ranges(ring, rg, fds, sel, READ_RETRIES, int(RETRY_BACKOFF_S * 1e6), DIRECT_ALIGN) \
+                    if sel.size else -1
+            finally:
+                for f in pinned:
+                    self._files.release(f)
+            if bad <= -2:  # io_getevents failed: destroy the context (waits for its reads), make a new one next time
+                self._local.ring = None
+                with self._pool_lock:
+                    self._rings.remove((os.getpid(), ring.ctx))
+                io_destroy(ring.ctx)
+                e = -2 - int(bad)
+                raise DecodeError(f"native AIO failed reading {self.layout.files[int(files[0])]}: io_getevents: "
+                                  f"{os.strerror(e)} (option aio=False reads with threads instead)")
+            if bad >= 0:
+                self._direct_error(plan, rg, int(bad), blocks, np.full(3, -1, np.int64))
+
+    def _acquire(self, file: int):
+        """File ``file``'s descriptor pinned (release it with ``self._files.release``); DecodeError when it
+        cannot be opened."""
+        try:
+            return self._files.acquire(file)
+        except OSError as exc:  # EMFILE/ENFILE with no idle file of ours left to close
+            raise DecodeError(f"cannot open {self.layout.files[file]}: {exc.strerror} (this reader holds "
+                              f"{len(self._files)} files open; raise 'ulimit -n' or lower max_open)") from None
 
     def _read_range(self, plan: _ReadPlan, r: int, blocks, out) -> None:
         """One scatter preadv for range ``r``, then decode its compressed blocks into ``out``."""
