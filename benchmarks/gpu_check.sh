@@ -2,7 +2,8 @@
 # One prepared check of solar on a GPU machine with no network, in about 5 minutes on 16 cores.
 #
 #   benchmarks/gpu_check.sh OUTDIR [SECTION ...]      (sections: basics, cores, bench, conv, resident, nodes,
-#                                                          depth, gil, reads, sync, eqmem, neighbours, kvikio;
+#                                                          depth, gil, reads, sync, eqmem, neighbours, kvikio,
+#                                                          aio;
 #                                                          default basics cores)
 #
 # It generates the data, trains the examples on CUDA, runs `solar bench --device cuda` cold, and writes
@@ -37,6 +38,8 @@
 #            twice each interleaved (neighbours.json)
 #   kvikio   issue 24: 1 GiB of the contiguous file's blocks read cold straight into GPU memory with KvikIO against
 #            solar's pread reader and one copy a step, and the disk's own rate, 16 and 64 in flight (kvikio.json)
+#   aio      issue 24: the pread reader's native AIO (the default on ext4/xfs/btrfs) against its threads, cold,
+#            f=0.5, solar alone: one rank with the conv net, and R ranks, interleaved, twice each (aio.json)
 #   resident the all-resident `solar bench` pair alone (bench-resident)
 #   nodes    issue 25: SOLAR_GPU_RANKS (8) ranks on the node, cold, the node pool (the default) against a buffer
 #            per rank (--no-node-pool), on the contiguous file (with every baseline) and on a gzip one
@@ -430,6 +433,26 @@ neighbours() {
     merge "$OUT/neighbours.json" neighbours one-off1 one-on1 many-off1 many-on1 one-off2 one-on2 many-off2 many-on2
 }
 
+# issue 24: native AIO against the thread pool's blocking reads (reader option aio), cold, f=0.5, solar alone, one rank
+# with the conv net and R ranks on the node, interleaved, twice each; aio.json (per epoch samples/s, limit ratios and
+# reader_io: whether AIO read the files)
+section_aio() {
+    [ -n "$MPIEXEC" ] || return 0
+    local R=${SOLAR_GPU_RANKS:-8}
+    local one=("$MPIEXEC" --bind-to none -n 1 "${SOLAR[@]}" bench "$D" -b "$B" --epochs 3 --device "$DEVICE" --only solar
+               --cold --json --no-progress --model conv)
+    local many=("$MPIEXEC" --bind-to none -n "$R" "${SOLAR[@]}" bench "$D" --epochs 3 --buffer-fraction 0.5 --cold --json
+                --no-progress --only solar)
+    local r
+    for r in 1 2; do
+        STDOUT=$WORK/aio-one-on$r.json run aio-one-on$r 60 "${one[@]}" --reader-options '{"aio": true}'
+        STDOUT=$WORK/aio-one-off$r.json run aio-one-off$r 60 "${one[@]}" --reader-options '{"aio": false}'
+        STDOUT=$WORK/aio-many-on$r.json run aio-many-on$r 60 "${many[@]}" --reader-options '{"aio": true}'
+        STDOUT=$WORK/aio-many-off$r.json run aio-many-off$r 60 "${many[@]}" --reader-options '{"aio": false}'
+    done
+    merge "$OUT/aio.json" aio one-on1 one-off1 many-on1 many-off1 one-on2 one-off2 many-on2 many-off2
+}
+
 # the cold `solar bench --model conv` of section basics alone
 bench_conv() {
     [ -n "$MPIEXEC" ] || return 0
@@ -453,7 +476,8 @@ for s in $SECTIONS; do
         eqmem) eqmem ;;
         neighbours) neighbours ;;
         kvikio) kvikio ;;
-        *) say "unknown section $s (sections: basics cores bench conv resident nodes depth gil reads sync eqmem neighbours kvikio)" ;;
+        aio) section_aio ;;
+        *) say "unknown section $s (sections: basics cores bench conv resident nodes depth gil reads sync eqmem neighbours kvikio aio)" ;;
     esac
 done
 

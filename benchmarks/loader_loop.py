@@ -8,13 +8,15 @@ Plans ``SCHEDULE`` first if it does not exist (2 ranks, local batch 32, buffer f
 0.5).  Per epoch: with ``--cold`` rank 0 drops the data files' pages
 (``posix_fadvise(DONTNEED)``) between barriers, then every rank iterates its batches
 (numpy, no torch conversion, ``epoch_fence``: nothing of an epoch is read before its
-timer starts); the epoch's time is the slowest rank's.  At the end it prints the loader
+timer starts); the epoch's time is the slowest rank's, with rank 0's process CPU seconds and
+context switches (voluntary/involuntary, ``getrusage``) in it.  At the end it prints the loader
 stats of rank 0 and how many bytes of each data file are in the page cache (``mincore``),
 which is what ``drop_cache`` is about.  Without ``--mpi`` only rank 0's share is run.
 """
 import argparse
 import json
 import os
+import resource
 import time
 
 
@@ -65,15 +67,17 @@ def main(argv=None):
             if comm:
                 comm.Barrier()
             loader.set_epoch(e)
-            t0, n = time.perf_counter(), 0
+            t0, n, r0 = time.perf_counter(), 0, resource.getrusage(resource.RUSAGE_SELF)
             for batch in loader:
                 n += len(batch["index"])
-            dt = time.perf_counter() - t0
+            dt, r1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF)
+            cpu = r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime
             if comm:
                 dt, n = comm.allreduce(dt, op=MPI.MAX), comm.allreduce(n)
             if rank == 0:
-                print(f"epoch {e}: {n / dt:8.0f} samples/s  {dt:6.2f} s  load average {os.getloadavg()[0]:.2f}",
-                      flush=True)
+                print(f"epoch {e}: {n / dt:8.0f} samples/s  {dt:6.2f} s  rank 0 CPU {cpu:5.2f} s, context switches "
+                      f"{r1.ru_nvcsw - r0.ru_nvcsw} + {r1.ru_nivcsw - r0.ru_nivcsw}  load average "
+                      f"{os.getloadavg()[0]:.2f}", flush=True)
         stats = loader.stats()
     if rank == 0:
         print("rank 0:", {k: round(v, 3) if isinstance(v, float) else v for k, v in stats.items()})

@@ -60,7 +60,8 @@ class AioRing(NamedTuple):
     """One thread's AIO context and its ``depth`` bounce slots of ``slot_bytes`` each, from address ``bounce``
     (page-aligned).  ``iocbs`` int64[depth, 8] (slot s's request), ``events`` int64[depth, 4], ``sub`` int64[depth]
     (the requests of one ``io_submit``), ``slot_range`` int64[depth] (the index in ``rs`` slot s reads), ``free``
-    int64[depth] (a stack of free slots)."""
+    int64[depth] (a stack of free slots), ``refused`` int64[2]: the requests ``io_submit`` refused in the last
+    call (read with ``pread`` instead) and the errno of the last refusal."""
 
     ctx: int
     depth: int
@@ -71,13 +72,16 @@ class AioRing(NamedTuple):
     sub: np.ndarray
     slot_range: np.ndarray
     free: np.ndarray
+    refused: np.ndarray
 
 
 @njit(nogil=True, cache=True)
 def _finish(rg, r, fd, slot, res, retries, backoff_us, align):
     """Range ``r`` came back from AIO with result ``res`` (bytes, or -errno) into ``slot``: copy its blocks out
     if all ``need[r]`` bytes are in; a short read or a transient error is read again with ``pread``
-    (:func:`~solar.io.kernels._read_window`, its retries).  Sets ``got[r]``/``err[r]``; True when all are in."""
+    (:func:`~solar.io.kernels._read_window`; a failed or empty AIO read counts as the first of its tries, so a
+    range is tried ``retries + 1`` times in all, as on the thread path).  Sets ``got[r]``/``err[r]``; True when
+    all are in."""
     if res >= rg.need[r]:
         rg.got[r] = res
         rg.err[r] = 0
@@ -85,8 +89,9 @@ def _finish(rg, r, fd, slot, res, retries, backoff_us, align):
         rg.got[r] = 0
         rg.err[r] = -res
         return False
-    else:
-        done, e = _read_window(fd, slot, rg.lo[r], rg.size[r], rg.need[r], retries, backoff_us, align)
+    else:  # a failed or empty AIO read counts as the first of the tries, as a failed pread would
+        left = retries - 1 if res <= 0 and retries > 0 else retries
+        done, e = _read_window(fd, slot, rg.lo[r], rg.size[r], rg.need[r], left, backoff_us, align)
         rg.got[r] = done
         rg.err[r] = e
         if done < rg.need[r]:
@@ -106,10 +111,12 @@ def aio_read_ranges(ring, rg, fds, rs, retries, backoff_us, align):
     every read submitted has come back (no read is left writing into a slot), the ranges after it not read
     (several failed: the first of them in ``rs``);
     or -2 - errno when ``io_getevents`` itself failed (the context must then be destroyed, which waits for the
-    reads in flight).  A request ``io_submit`` refuses (EAGAIN: the machine's ``aio-max-nr``) is read with
-    ``pread`` at once, so the call never waits for a request that is not in flight."""
+    reads in flight).  A request ``io_submit`` refuses (EAGAIN; or a file system that takes no AIO) is read
+    with ``pread`` at once, so the call never waits for a request that is not in flight; ``ring.refused`` counts
+    them."""
     ctx, depth, iocbs, events, sub = ring.ctx, ring.depth, ring.iocbs, ring.events, ring.sub
     slot_range, free = ring.slot_range, ring.free
+    ring.refused[0] = 0
     n_free = depth
     for s in range(depth):
         free[s] = depth - 1 - s
@@ -140,7 +147,9 @@ def aio_read_ranges(ring, rg, fds, rs, retries, backoff_us, align):
         if q > 0:
             k = _syscall(_SUBMIT, ctx, q, sub.ctypes.data, 0, 0)
             if k < 0:
+                ring.refused[1] = _errno()
                 k = 0
+            ring.refused[0] += q - k
             inflight += k
             for i in range(k, q):  # refused: read now, in this thread
                 s = (sub[i] - base) // 64
@@ -217,4 +226,4 @@ def make_ring(depth: int, slot_bytes: int, bounce: int) -> AioRing:
     """A ring over a new context, its slots at ``bounce`` (``depth * slot_bytes`` bytes, page-aligned)."""
     z = np.zeros
     return AioRing(io_setup(depth), depth, bounce, slot_bytes, z((depth, 8), np.int64), z((depth, 4), np.int64),
-                   z(depth, np.int64), z(depth, np.int64), z(depth, np.int64))
+                   z(depth, np.int64), z(depth, np.int64), z(depth, np.int64), z(2, np.int64))

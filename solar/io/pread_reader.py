@@ -285,12 +285,21 @@ def max_open_option(value, reader: str) -> int:
     return int(value)
 
 
-def _destroy_rings(rings: list) -> None:
-    """Destroy this process's AIO contexts in ``rings`` ((pid, context) pairs) and empty it."""
-    for pid, ctx in rings:
-        if pid == os.getpid():
-            io_destroy(ctx)
-    rings.clear()
+def _destroy_ring(pid: int, ctx: int) -> None:
+    """Destroy AIO context ``ctx`` if this is the process ``pid`` that made it (a forked child's copy is not its)."""
+    if os.getpid() == pid:
+        io_destroy(ctx)
+
+
+class _RingHolder:
+    """A thread's :class:`~solar.io.aio.AioRing` and the mmap of its slots, in the thread's ``threading.local``:
+    when the thread ends (or the reader goes), the holder goes and its finalizer destroys the context; ``close()``
+    runs the finalizers of every holder still alive.  AIO contexts count against the machine's ``fs.aio-max-nr``."""
+
+    def __init__(self, ring, buf, finalizers: list):
+        self.ring, self.buf = ring, buf
+        self.fin = weakref.finalize(self, _destroy_ring, os.getpid(), ring.ctx)
+        finalizers.append(self.fin)
 
 
 @register
@@ -345,9 +354,9 @@ class PreadReader(BlockReader):
         #: False (threads only), True (native AIO for every O_DIRECT file) or "auto" (files on ext4, xfs, btrfs)
         self.aio = aio if self.direct else False
         self._aio_files: dict[int, bool] = {}  # file -> read with native AIO
-        self._rings: list = []  # (pid, AIO context) of each thread's ring, destroyed by close() or with the reader
+        self._ring_fins: list = []  # the finalizers of the threads' rings (_RingHolder), run by close()
         self._aio_refused = 0  # calls read by the pool because io_setup refused a context
-        weakref.finalize(self, _destroy_rings, self._rings)
+        self._aio_submit_refused = 0  # requests io_submit refused (read with pread instead)
         # files opened without O_DIRECT although asked ("auto" on a file system without it): read buffered
         self._buffered: set[int] = set()
         self.drop_cache = o["drop_cache"] and hasattr(os, "posix_fadvise")
@@ -411,10 +420,10 @@ class PreadReader(BlockReader):
             inflate_direct_ranges(io, jobs.ranges, 0, 0, 0, np.full(3, -1, np.int64))
         if self.aio:  # a ring of no slots: no system call
             z = np.zeros(0, np.int64)
-            aio_read_ranges(AioRing(0, 0, 0, 0, np.zeros((0, 8), np.int64), np.zeros((0, 4), np.int64), z, z, z),
-                            jobs.ranges,
-                            np.zeros(1, np.int64), np.zeros(0, np.int64), READ_RETRIES,
-                            int(RETRY_BACKOFF_S * 1e6), DIRECT_ALIGN)
+            ring = AioRing(0, 0, 0, 0, np.zeros((0, 8), np.int64), np.zeros((0, 4), np.int64), z, z, z,
+                           np.zeros(2, np.int64))
+            aio_read_ranges(ring, jobs.ranges, np.zeros(1, np.int64), z, READ_RETRIES, int(RETRY_BACKOFF_S * 1e6),
+                            DIRECT_ALIGN)
 
     def _thread_setup(self) -> None:
         if self.direct:
@@ -429,7 +438,7 @@ class PreadReader(BlockReader):
             self._pool, self._pid = None, os.getpid()
             self._local, self._pool_lock = threading.local(), threading.Lock()
             self._decompressors = []  # the parent's, which the parent frees
-            self._rings.clear()  # the parent's AIO contexts (the kernel ties them to the parent's memory)
+            self._ring_fins = []  # the parent's AIO contexts (the kernel ties them to the parent's memory)
 
     @contextmanager
     def _fd(self, file: int):
@@ -444,9 +453,12 @@ class PreadReader(BlockReader):
         """The file cache's counts; ``direct_io``: whether files are opened with O_DIRECT, and
         ``buffered_files``: how many of those opened so far refused it and are read through the page cache;
         ``aio``: whether native AIO may be used (option True or "auto", and available), ``aio_files``: files
-        read so far with it, ``aio_refused``: calls whose ranges went to the pool because ``io_setup`` refused."""
+        far with it, ``aio_refused``: calls whose ranges went to the pool because ``io_setup`` refused,
+        ``aio_submit_refused``: reads ``io_submit`` refused (read with ``pread`` in the calling thread; a file whose
+        reads it refuses other than for EAGAIN is read by the pool from then on)."""
         return {**self._files.stats(), "direct_io": self.direct, "buffered_files": len(self._buffered),
-                "aio": bool(self.aio), "aio_files": sum(self._aio_files.values()), "aio_refused": self._aio_refused}
+                "aio": bool(self.aio), "aio_files": sum(self._aio_files.values()), "aio_refused": self._aio_refused,
+                "aio_submit_refused": self._aio_submit_refused}
 
     def _scratch(self, nbytes: int) -> memoryview:
         buf = getattr(self._local, "buf", None)
@@ -494,7 +506,9 @@ class PreadReader(BlockReader):
         for d in mine:  # no worker uses them now: the pool is shut down (or this is a one-thread reader)
             _libdeflate_ctypes().libdeflate_free_decompressor(d)
         with self._pool_lock:
-            _destroy_rings(self._rings)  # no call is reading: the caller's threads are done with this reader
+            fins, self._ring_fins = self._ring_fins, []
+        for fin in fins:  # no call is reading: the caller's threads are done with this reader
+            fin()
         self._local = threading.local()
         if os.getpid() == self._pid:
             self._files.close_all()
@@ -531,7 +545,7 @@ class PreadReader(BlockReader):
         elif len(todo):
             futs = [self._workers().submit(self._work, plan, jobs, todo, blocks, out, counter, failed)
                     for _ in range(min(self.threads, len(todo)))]
-        if aio is not None:
+        if aio is not None and not failed:
             try:
                 self._read_aio(ring, plan, jobs, np.flatnonzero(aio), blocks, out)
             except BaseException as exc:  # noqa: BLE001 - raised once the pool's workers have stopped
@@ -699,22 +713,23 @@ class PreadReader(BlockReader):
         """This thread's :class:`~solar.io.aio.AioRing` (``threads`` reads in flight), its slots at least
         ``slot_bytes`` each; None when the kernel gives no new context (EAGAIN: the machine's ``fs.aio-max-nr``
         is used up), counted in ``open_stats()["aio_refused"]``."""
-        ring = getattr(self._local, "ring", None)
-        if ring is None or ring.slot_bytes < slot_bytes:
-            slot_bytes = max(-(-slot_bytes // DIRECT_ALIGN) * DIRECT_ALIGN, 1 << 16)
-            buf = mmap.mmap(-1, self.threads * slot_bytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-            addr = np.frombuffer(buf, np.uint8).ctypes.data
-            if ring is None:
-                try:
-                    ring = make_ring(self.threads, slot_bytes, addr)
-                except OSError:
-                    self._aio_refused += 1
-                    return None
-                with self._pool_lock:
-                    self._rings.append((os.getpid(), ring.ctx))
-            else:
-                ring = ring._replace(bounce=addr, slot_bytes=slot_bytes)
-            self._local.ring, self._local.ring_buf = ring, buf  # the mmap lives as long as the ring uses it
+        holder = getattr(self._local, "ring", None)
+        if holder is not None and holder.ring.slot_bytes >= slot_bytes:
+            return holder.ring
+        slot_bytes = max(-(-slot_bytes // DIRECT_ALIGN) * DIRECT_ALIGN, 1 << 16)
+        buf = mmap.mmap(-1, self.threads * slot_bytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        addr = np.frombuffer(buf, np.uint8).ctypes.data
+        if holder is not None:  # larger slots, the same context (no read in flight: calls finish their reads)
+            holder.ring, holder.buf = holder.ring._replace(bounce=addr, slot_bytes=slot_bytes), buf
+            return holder.ring
+        try:
+            ring = make_ring(self.threads, slot_bytes, addr)
+        except OSError:
+            with self._pool_lock:
+                self._aio_refused += 1
+            return None
+        with self._pool_lock:
+            self._local.ring = _RingHolder(ring, buf, self._ring_fins)
         return ring
 
     def _read_aio(self, ring, plan: _ReadPlan, jobs: _DirectJobs, aio_jobs: np.ndarray, blocks, out) -> None:
@@ -726,24 +741,25 @@ class PreadReader(BlockReader):
         rs = np.repeat(cut[aio_jobs] - np.cumsum(lens) + lens, lens) + np.arange(int(lens.sum()))
         files = plan.file[rs]
         todo = np.unique(files).tolist()
-        group = max(1, self._files.capacity // 16)  # files one thread pins at once
+        cap = self._files.capacity  # files one thread pins at once: enough for `threads` reads in flight
+        group = max(1, min(cap // 2, max(self.threads, cap // 16)))
         fds = np.full(plan.start.shape[0], -1, np.int64)
         i = 0
         while i < len(todo):
-            pinned = [todo[i]]
             fds_of = {todo[i]: self._acquire(todo[i])}  # waits (no pin held yet)
+            pinned = [todo[i]]
             i += 1
-            while i < len(todo) and len(pinned) < group:
-                try:
-                    fd = self._files.acquire(todo[i], wait=False)
-                except OSError:  # EMFILE with the group's files pinned: the next group opens it, pinning none
-                    fd = None
-                if fd is None:
-                    break
-                pinned.append(todo[i])
-                fds_of[todo[i]] = fd
-                i += 1
             try:
+                while i < len(todo) and len(pinned) < group:
+                    try:
+                        fd = self._files.acquire(todo[i], wait=False)
+                    except OSError:  # EMFILE with the group's files pinned: the next group opens it, pinning none
+                        fd = None
+                    if fd is None:
+                        break
+                    pinned.append(todo[i])
+                    fds_of[todo[i]] = fd
+                    i += 1
                 mine = np.isin(files, pinned)
                 direct = [f for f in pinned if f not in self._buffered]
                 for f in pinned:
@@ -756,14 +772,18 @@ class PreadReader(BlockReader):
             finally:
                 for f in pinned:
                     self._files.release(f)
-            if bad <= -2:  # io_getevents failed: destroy the context (waits for its reads), make a new one next time
-                self._local.ring = None
+            if sel.size and ring.refused[0]:
                 with self._pool_lock:
-                    self._rings.remove((os.getpid(), ring.ctx))
-                io_destroy(ring.ctx)
+                    self._aio_submit_refused += int(ring.refused[0])
+                if ring.refused[1] != errno.EAGAIN:  # not a passing shortage: these files take no AIO
+                    self._aio_files.update((f, False) for f in direct)
+            if bad <= -2:  # io_getevents failed: destroy the context (waits for its reads), make a new one next time
+                holder, self._local.ring = self._local.ring, None
+                holder.fin()
                 e = -2 - int(bad)
-                raise DecodeError(f"native AIO failed reading {self.layout.files[int(files[0])]}: io_getevents: "
-                                  f"{os.strerror(e)} (option aio=False reads with threads instead)")
+                names = ", ".join(self.layout.files[f] for f in pinned[:3]) + (" ..." if len(pinned) > 3 else "")
+                raise DecodeError(f"native AIO failed reading {names}: io_getevents: {os.strerror(e)} (reader "
+                                  f"option aio=False reads with threads instead)")
             if bad >= 0:
                 self._direct_error(plan, rg, int(bad), blocks, np.full(3, -1, np.int64))
 
