@@ -387,15 +387,26 @@ class PreadReader(BlockReader):
 
     def start(self) -> None:
         """Start the ``threads`` workers now, each with its ``O_DIRECT`` bounce buffer mapped and faulted in, and
-        load the read kernels' machine code (:meth:`warm`)."""
+        load the read kernels' machine code (:meth:`warm`).  Where native AIO reads every block (no filter, no
+        block larger than an AIO slot, the first file on a file system AIO serves), the pool is left to start on
+        its first use: none may come (a coalesced range beyond :data:`~solar.io.aio.AIO_SLOT_MAX` is one)."""
         self._fork_check()
-        if self.threads > 1 and not self._closed:
+        if self.threads > 1 and not self._closed and not self._aio_reads_all():
             start_threads(self._workers(), self.threads, self._thread_setup)
         if not self._closed:
             try:
                 self.warm()
             except Exception:  # noqa: BLE001 - only a head start: the first real read loads the kernel, or fails itself
                 pass
+
+    def _aio_reads_all(self) -> bool:
+        """Whether native AIO reads every block of the layout (one block a range, as random order makes them)."""
+        lay = self.layout
+        if not self.aio or lay.n_blocks == 0 or any(info.filters for info in lay.datasets):
+            return False
+        if int(lay.block_stored.max()) + 2 * DIRECT_ALIGN > AIO_SLOT_MAX:
+            return False
+        return self._aio_file(0)
 
     def warm(self) -> None:
         """Load the machine code of the GIL-free read kernels this layout takes, from numba's cache, now.
