@@ -107,9 +107,11 @@ def add_parser(sub):
                    help="stop a baseline's epoch after this long and take its rate over the samples it delivered "
                         "(marked partial; default 120; 0: whole epochs)")
     p.add_argument("--reader", help="solar reader backend (default: chosen for the layout and file system)")
-    p.add_argument("--threads", type=positive_int, default=16, help="solar reader threads per rank (I/O depth)")
+    p.add_argument("--threads", type=positive_int, default=16, help="solar reader threads per rank (I/O depth; with the pread reader's native AIO: the "
+                        "reads in flight of each step's read call)")
     p.add_argument("--reader-options", type=_json_dict, metavar="JSON",
-                   help="options of solar's reader as a JSON object, e.g. '{\"direct_io\": true}' (pread: O_DIRECT)")
+                   help="options of solar's reader as a JSON object, e.g. '{\"direct_io\": true}' (pread: O_DIRECT) "
+                        "or '{\"aio\": false}' (pread: O_DIRECT reads by a thread pool, not native AIO)")
     p.add_argument("--prefetch", type=positive_int, default=DEFAULT_PREFETCH,
                    help=f"assembled batches waiting ahead of the training loop (default {DEFAULT_PREFETCH}; reads run up to 4 steps further)")
     p.add_argument("--schedule", help="schedule file to write (default: in $SOLAR_CACHE_DIR/bench, "

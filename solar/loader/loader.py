@@ -89,7 +89,8 @@ class SolarLoader:
 
     ``cpus``: the cores the loader may keep busy for batch assembly (default: this rank's share, its CPU
     affinity divided by the ranks on its node, :func:`solar.topology.cpus_of_this_rank`); ``threads`` stays
-    the reader's I/O depth (requests in flight).  ``switch_interval`` (seconds, default
+    the reader's I/O depth (requests in flight: the ``pread`` reader's threads, or, with its native AIO, the
+    reads in flight of each step's read call).  ``switch_interval`` (seconds, default
     :data:`~solar.loader.gil.DEFAULT_SWITCH_INTERVAL`, 0.5 ms; None or 0: leave Python's 5 ms): while the
     loader's threads run, the interpreter's GIL switch interval is at most this, so a training thread busy
     in Python hands the GIL to solar's threads sooner (:mod:`solar.loader.gil`; process-wide, restored by
