@@ -412,46 +412,33 @@ except ValueError:
 json.dump(out, open(sys.argv[2], 'w'), indent=1)" "$WORK/eqmem.json" "$OUT/eqmem.json"
 }
 
-# issue 25, item 4: runs of neighbouring blocks read together (--neighbour-reads) against each block on its own, on
-# the contiguous file (64 KiB blocks), cold, f=0.5, solar alone, one rank with the conv net and R ranks on the node,
-# interleaved, twice each; neighbours.json (per epoch samples/s, storage bytes, and replay_gbps: the same reads
-# replayed as fast as the disk takes them, which says whether the disk is request-bound)
-neighbours() {
+# One rank with the conv net and R ranks on the node, cold, f=0.5, solar alone, the options OFF against ON (words;
+# no spaces inside one), interleaved, twice each; $OUT/NAME.json (keys one-off1, one-on1, many-off1, ...)
+pairs_one_many() {
     [ -n "$MPIEXEC" ] || return 0
-    local R=${SOLAR_GPU_RANKS:-8}
+    local name=$1 on=$2 off=$3 R=${SOLAR_GPU_RANKS:-8} r
     local one=("$MPIEXEC" --bind-to none -n 1 "${SOLAR[@]}" bench "$D" -b "$B" --epochs 3 --device "$DEVICE" --only solar
                --cold --json --no-progress --model conv)
     local many=("$MPIEXEC" --bind-to none -n "$R" "${SOLAR[@]}" bench "$D" --epochs 3 --buffer-fraction 0.5 --cold --json
                 --no-progress --only solar)
-    local r
     for r in 1 2; do
-        STDOUT=$WORK/neighbours-one-off$r.json run neighbours-one-off$r 60 "${one[@]}"
-        STDOUT=$WORK/neighbours-one-on$r.json run neighbours-one-on$r 60 "${one[@]}" --neighbour-reads
-        STDOUT=$WORK/neighbours-many-off$r.json run neighbours-many-off$r 60 "${many[@]}"
-        STDOUT=$WORK/neighbours-many-on$r.json run neighbours-many-on$r 60 "${many[@]}" --neighbour-reads
+        # shellcheck disable=SC2086 # $off and $on are words
+        STDOUT=$WORK/$name-one-off$r.json run "$name-one-off$r" 60 "${one[@]}" $off
+        STDOUT=$WORK/$name-one-on$r.json run "$name-one-on$r" 60 "${one[@]}" $on
+        STDOUT=$WORK/$name-many-off$r.json run "$name-many-off$r" 60 "${many[@]}" $off
+        STDOUT=$WORK/$name-many-on$r.json run "$name-many-on$r" 60 "${many[@]}" $on
     done
-    merge "$OUT/neighbours.json" neighbours one-off1 one-on1 many-off1 many-on1 one-off2 one-on2 many-off2 many-on2
+    merge "$OUT/$name.json" "$name" one-off1 one-on1 many-off1 many-on1 one-off2 one-on2 many-off2 many-on2
 }
 
-# issue 24: native AIO against the thread pool's blocking reads (reader option aio), cold, f=0.5, solar alone, one rank
-# with the conv net and R ranks on the node, interleaved, twice each; aio.json (per epoch samples/s, limit ratios and
-# reader_io: whether AIO read the files)
-section_aio() {
-    [ -n "$MPIEXEC" ] || return 0
-    local R=${SOLAR_GPU_RANKS:-8}
-    local one=("$MPIEXEC" --bind-to none -n 1 "${SOLAR[@]}" bench "$D" -b "$B" --epochs 3 --device "$DEVICE" --only solar
-               --cold --json --no-progress --model conv)
-    local many=("$MPIEXEC" --bind-to none -n "$R" "${SOLAR[@]}" bench "$D" --epochs 3 --buffer-fraction 0.5 --cold --json
-                --no-progress --only solar)
-    local r
-    for r in 1 2; do
-        STDOUT=$WORK/aio-one-on$r.json run aio-one-on$r 60 "${one[@]}" --reader-options '{"aio": true}'
-        STDOUT=$WORK/aio-one-off$r.json run aio-one-off$r 60 "${one[@]}" --reader-options '{"aio": false}'
-        STDOUT=$WORK/aio-many-on$r.json run aio-many-on$r 60 "${many[@]}" --reader-options '{"aio": true}'
-        STDOUT=$WORK/aio-many-off$r.json run aio-many-off$r 60 "${many[@]}" --reader-options '{"aio": false}'
-    done
-    merge "$OUT/aio.json" aio one-on1 one-off1 many-on1 many-off1 one-on2 one-off2 many-on2 many-off2
-}
+# issue 25, item 4: runs of neighbouring blocks read together (--neighbour-reads) against each block on its own, on
+# the contiguous file (64 KiB blocks); neighbours.json (per epoch samples/s, storage bytes, and replay_gbps: the same
+# reads replayed as fast as the disk takes them, which says whether the disk is request-bound)
+neighbours() { pairs_one_many neighbours --neighbour-reads ""; }
+
+# issue 24: native AIO (the pread reader's default on ext4/xfs/btrfs) against the thread pool's blocking reads;
+# aio.json (per epoch samples/s, limit ratios, and reader_io: whether AIO read the files)
+section_aio() { pairs_one_many aio '--reader-options {"aio":true}' '--reader-options {"aio":false}'; }
 
 # the cold `solar bench --model conv` of section basics alone
 bench_conv() {
