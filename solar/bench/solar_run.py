@@ -193,8 +193,8 @@ def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float
         out["rss_growth_bytes_max_rank"] = comm.allreduce(peak_rss - rss0, op=_max())
         st = loader.reader.open_stats() if hasattr(loader.reader, "open_stats") else {}
         # how this rank's reader read (rank 0's: O_DIRECT or not, native AIO or threads)
-        out["reader_io"] = {k: st[k] for k in ("direct_io", "buffered_files", "aio", "aio_files", "aio_refused")
-                            if k in st}
+        keys = ("direct_io", "buffered_files", "aio", "aio_files", "aio_refused", "aio_submit_refused")
+        out["reader_io"] = {k: st[k] for k in keys if k in st}
     finally:
         loader.close()
     return out

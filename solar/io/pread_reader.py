@@ -388,11 +388,13 @@ class PreadReader(BlockReader):
     def start(self) -> None:
         """Start the ``threads`` workers now, each with its ``O_DIRECT`` bounce buffer mapped and faulted in, and
         load the read kernels' machine code (:meth:`warm`).  Where native AIO reads every block (no filter, no
-        block larger than an AIO slot, the first file on a file system AIO serves), the pool is left to start on
-        its first use: none may come (a coalesced range beyond :data:`~solar.io.aio.AIO_SLOT_MAX` is one)."""
+        block larger than an AIO slot, the first file on a file system AIO serves), the workers' bounce buffers
+        are left to their first use: the pool then reads only coalesced ranges beyond
+        :data:`~solar.io.aio.AIO_SLOT_MAX`, which random order rarely makes."""
         self._fork_check()
-        if self.threads > 1 and not self._closed and not self._aio_reads_all():
-            start_threads(self._workers(), self.threads, self._thread_setup)
+        if self.threads > 1 and not self._closed:
+            setup = None if self._aio_reads_all() else self._thread_setup
+            start_threads(self._workers(), self.threads, setup)
         if not self._closed:
             try:
                 self.warm()
