@@ -107,8 +107,9 @@ def add_parser(sub):
                    help="stop a baseline's epoch after this long and take its rate over the samples it delivered "
                         "(marked partial; default 120; 0: whole epochs)")
     p.add_argument("--reader", help="solar reader backend (default: chosen for the layout and file system)")
-    p.add_argument("--threads", type=positive_int, default=16, help="solar reader threads per rank (I/O depth; with the pread reader's native AIO: the "
-                        "reads in flight of each step's read call)")
+    p.add_argument("--threads", type=positive_int, default=16,
+                   help="solar reader threads per rank (I/O depth; with the pread reader's native AIO: the reads in "
+                        "flight of each step's read call)")
     p.add_argument("--reader-options", type=_json_dict, metavar="JSON",
                    help="options of solar's reader as a JSON object, e.g. '{\"direct_io\": true}' (pread: O_DIRECT) "
                         "or '{\"aio\": false}' (pread: O_DIRECT reads by a thread pool, not native AIO)")

@@ -21,6 +21,7 @@ The ``struct iocb`` and ``struct io_event`` layouts are the kernel's ABI on litt
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import platform
 import sys
@@ -183,6 +184,7 @@ def aio_read_ranges(ring, rg, fds, rs, retries, backoff_us, align):
     return -1 if bad < 0 else rs[bad]
 
 
+@functools.lru_cache(maxsize=None)
 def _libc():
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
@@ -222,8 +224,9 @@ def aio_fs(path: str) -> str | None:
     return AIO_FS.get(magic) if magic is not None else None
 
 
-def make_ring(depth: int, slot_bytes: int, bounce: int) -> AioRing:
-    """A ring over a new context, its slots at ``bounce`` (``depth * slot_bytes`` bytes, page-aligned)."""
+def make_ring(depth: int, slot_bytes: int, bounce: int, ctx: int | None = None) -> AioRing:
+    """A ring over a new context (or ``ctx``: 0 with ``depth`` 0 makes a ring that issues no system call), its
+    slots at ``bounce`` (``depth * slot_bytes`` bytes, page-aligned)."""
     z = np.zeros
-    return AioRing(io_setup(depth), depth, bounce, slot_bytes, z((depth, 8), np.int64), z((depth, 4), np.int64),
+    return AioRing(io_setup(depth) if ctx is None else ctx, depth, bounce, slot_bytes, z((depth, 8), np.int64), z((depth, 4), np.int64),
                    z(depth, np.int64), z(depth, np.int64), z(depth, np.int64), z(2, np.int64))

@@ -79,7 +79,7 @@ from .block_plan import (
     plan_reads,
     short_read_error,
 )
-from .aio import AIO_SLOT_MAX, AioRing, aio_available, aio_fs, aio_read_ranges, io_destroy, make_ring
+from .aio import AIO_SLOT_MAX, aio_available, aio_fs, aio_read_ranges, io_destroy, make_ring
 from .coalesce import CoalescePolicy
 from .fdcache import FileCache, open_file_budget
 from .kernels import (LIBDEFLATE, DirectIO, DirectRanges, fadvise_ranges, inflate_direct_ranges,
@@ -432,11 +432,8 @@ class PreadReader(BlockReader):
         if self._zlib is not None and self._zlib.any():
             inflate_direct_ranges(io, jobs.ranges, 0, 0, 0, np.full(3, -1, np.int64))
         if self.aio:  # a ring of no slots: no system call
-            z = np.zeros(0, np.int64)
-            ring = AioRing(0, 0, 0, 0, np.zeros((0, 8), np.int64), np.zeros((0, 4), np.int64), z, z, z,
-                           np.zeros(2, np.int64))
-            aio_read_ranges(ring, jobs.ranges, np.zeros(1, np.int64), z, READ_RETRIES, int(RETRY_BACKOFF_S * 1e6),
-                            DIRECT_ALIGN)
+            aio_read_ranges(make_ring(0, 0, 0, ctx=0), jobs.ranges, np.zeros(1, np.int64), np.zeros(0, np.int64),
+                            READ_RETRIES, int(RETRY_BACKOFF_S * 1e6), DIRECT_ALIGN)
 
     def _thread_setup(self) -> None:
         if self.direct:
@@ -466,7 +463,7 @@ class PreadReader(BlockReader):
         """The file cache's counts; ``direct_io``: whether files are opened with O_DIRECT, and
         ``buffered_files``: how many of those opened so far refused it and are read through the page cache;
         ``aio``: whether native AIO may be used (option True or "auto", and available), ``aio_files``: files
-        far with it, ``aio_refused``: calls whose ranges went to the pool because ``io_setup`` refused,
+        read so far with it, ``aio_refused``: calls whose ranges went to the pool because ``io_setup`` refused,
         ``aio_submit_refused``: reads ``io_submit`` refused (read with ``pread`` in the calling thread; a file whose
         reads it refuses other than for EAGAIN is read by the pool from then on)."""
         return {**self._files.stats(), "direct_io": self.direct, "buffered_files": len(self._buffered),
@@ -773,10 +770,9 @@ class PreadReader(BlockReader):
                     pinned.append(todo[i])
                     fds_of[todo[i]] = fd
                     i += 1
-                mine = np.isin(files, pinned)
+                mine = np.isin(files, pinned)  # (pinned: sorted, as todo is)
+                fds[rs[mine]] = np.array([fds_of[f] for f in pinned])[np.searchsorted(pinned, files[mine])]
                 direct = [f for f in pinned if f not in self._buffered]
-                for f in pinned:
-                    fds[plan.file == f] = fds_of[f]
                 sel = rs[mine & np.isin(files, direct)]
                 for r in rs[mine & ~np.isin(files, direct)].tolist():  # refused O_DIRECT: through the page cache
                     self._read_range(plan, r, blocks, out)
