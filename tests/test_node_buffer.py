@@ -739,6 +739,47 @@ def test_populate_maps_pages_without_changing_their_bytes():
     assert populate(buf, 10, 10) is False  # an empty range
 
 
+@pytest.mark.mpi
+def test_a_node_window_faulted_in_from_a_thread_keeps_what_ranks_write_meanwhile(comm, monkeypatch):
+    """The window's pages are mapped by a Populator thread while the ranks already write slots: every byte a
+    rank writes survives it (it maps, never writes), and free() stops it first."""
+    from mpi4py import MPI
+    import solar.buffer.node_pools as node_pools
+    from solar.buffer.pool import Populator
+    made = []
+
+    class Slow(Populator):  # small chunks: still running while the ranks write
+        def __init__(self, arrays):
+            made.append(self)
+            super().__init__(arrays, chunk=64 << 10)
+
+    monkeypatch.setattr(node_pools, "Populator", Slow)
+    ncomm = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        L, j = ncomm.Get_size(), ncomm.Get_rank()
+        class_bytes2 = np.array([1 << 16, 4096], np.int64)
+        slots2 = np.array([64 * L, 8], np.int64)
+        window = int(node_pools.header_bytes(L) + (class_bytes2 * slots2).sum() + (1 << 20))
+        shm = node_pools.SharedPools(ncomm if L > 1 else None, class_bytes2, slots2, window)
+        lazy = node_pools.can_populate()
+        assert (shm.populator is not None) == lazy and len(made) == int(lazy)
+        pool = shm.pools.arrays[0]
+        mine = np.arange(j * 64, (j + 1) * 64)
+        for i in mine:  # this rank's slots, written at once
+            pool[i] = (i * 7 + np.arange(pool.shape[1])) % 251
+        if lazy:
+            made[0]._thread.join(60)
+            assert made[0].done()
+        shm.barrier()
+        for i in range(64 * L):  # every rank's slots, as written
+            assert np.array_equal(pool[i], (i * 7 + np.arange(pool.shape[1])) % 251), i
+        shm.barrier()
+        assert shm.free()
+        assert shm.populator is None
+    finally:
+        ncomm.Free()
+
+
 class _FakeRequest:
     """A send request that completes after ``after`` tests (never, with None); records what was done to it."""
 
