@@ -42,6 +42,9 @@ class BatchAssembler:
             raise SpecError(f"cpus must be an integer >= 1 (cores for batch assembly), got {cpus!r}")
         self.cpus = cpus
         self._pool = None
+        #: ``alloc(nbytes) -> uint8 array``: where a batch's one allocation comes from (None: ``numpy.empty``; a
+        #: loader process's shared-memory segments, :mod:`solar.loader.child`)
+        self.alloc: Optional[Callable[[int], np.ndarray]] = None
         self.layout = layout
         self.pin = bool(pin_memory) and _cuda_for_pinning()
         self.fields = layout.field_names if fields is None else layout.spec.field_subset(fields)
@@ -71,7 +74,7 @@ class BatchAssembler:
             return {k: self._empty((n, *self.shapes[k]), self.dtypes[k]) for k in self.shapes}
         sizes = [n * int(np.prod(self.shapes[k], dtype=np.int64)) * self.dtypes[k].itemsize for k in self.shapes]
         starts = np.concatenate([[0], np.cumsum([-(-z // 64) * 64 for z in sizes])])
-        raw = np.empty(int(starts[-1]), np.uint8)
+        raw = np.empty(int(starts[-1]), np.uint8) if self.alloc is None else self.alloc(int(starts[-1]))
         return {k: raw[int(a):int(a) + z].view(self.dtypes[k]).reshape((n, *self.shapes[k]))
                 for k, a, z in zip(self.shapes, starts[:-1].tolist(), sizes)}
 

@@ -133,11 +133,15 @@ class SolarLoader:
                  device: Union[str, "torch.device", None] = None,
                  verify_data: str = "fast", verify_scope: str = "job", cpus: Optional[int] = None,
                  buffer_device: Union[str, "torch.device", None] = None,
-                 switch_interval: Optional[float] = DEFAULT_SWITCH_INTERVAL) -> None:
+                 switch_interval: Optional[float] = DEFAULT_SWITCH_INTERVAL, process: bool = False) -> None:
         from ..io import READERS, default_reader_name, get_reader
         from ..schedule.verify import check_mode
         if not isinstance(abort_on_error, bool):
             raise SpecError(f"abort_on_error must be True or False, got {abort_on_error!r}")
+        if not isinstance(process, bool):
+            raise SpecError(f"process must be True or False, got {process!r}")
+        self.process = process
+        self._proc = None
         self.switch_interval = check_interval(switch_interval)
         self._gil_release = None
         self._guard = _install_guard(self, comm) if abort_on_error else None
@@ -208,11 +212,13 @@ class SolarLoader:
                                 f"device ({self.assembler.tables.why}); leave the buffer in process memory")
             self.hooks = BatchHooks(transform, sample_transform, device, as_torch, to_torch=self._to_torch)
             bind_layout(self.layout, transform, sample_transform)
-            self.reader_name = reader or default_reader_name(self.layout, comm)
+            if process:
+                _check_process(schedule, self.schedule, self.nodes, self.buffer_device, reader)
+            self.reader_name = reader or default_reader_name(self.layout, None if process else comm)
         except Exception as exc:  # noqa: BLE001 - raised on every rank by agree
             err = exc
         agree(comm, err)
-        if reader is None and comm is not None and comm.Get_size() > 1:  # one reader for all (ulimit may differ)
+        if reader is None and comm is not None and comm.Get_size() > 1 and not process:  # one reader for all
             self.reader_name = comm.bcast(self.reader_name, root=0)
         reader_options = dict(reader_options or {})
         if self.nodes is not None and self.reader_name == "mpiio":  # a node's ranks each read a part of a step
@@ -221,8 +227,22 @@ class SolarLoader:
             # a plan that reads runs of neighbours: a neighbour it did not keep, between two it kept, would be
             # read as a gap (measured: 1.95x the plan's bytes with 16 KiB blocks); read exactly the plan
             reader_options.setdefault("max_gap", 0)
-        self.reader = get_reader(self.reader_name, self.layout, comm=comm, threads=threads,
-                                 **reader_options)  # last: nothing after it can fail
+        if process:  # the buffer, reader and assembly in a process of their own (solar.loader.process)
+            self.reader = None
+            try:
+                from .process import LoaderProcess
+                child = dict(schedule=self.schedule.path, data=data, rank=self.rank, reader=self.reader_name,
+                             threads=threads, prefetch=max(1, prefetch - 1), as_torch=False, verify=verify,
+                             reader_options=reader_options, epoch_fence=epoch_fence, abort_on_error=False,
+                             fields=fields, verify_data="off", cpus=self.cpus, switch_interval=switch_interval)
+                self._proc = LoaderProcess(child, self.hooks.produce, self.rank)
+            except Exception as exc:  # noqa: BLE001 - raised on every rank by agree
+                err = exc
+            agree(comm, err)
+            self._proc_close = weakref.finalize(self, self._proc.close)  # a loader never closed: at exit
+        else:
+            self.reader = get_reader(self.reader_name, self.layout, comm=comm, threads=threads,
+                                     **reader_options)  # last: nothing after it can fail
         self.epoch_log = EpochLog(self.rank)
         self.prefetch, self.as_torch, self.verify, self.epoch_fence = prefetch, as_torch, verify, epoch_fence
         if as_torch:  # now, not at the first batch: importing torch holds the GIL ~1.5 s, which the reader
@@ -230,7 +250,8 @@ class SolarLoader:
         self.S = self.schedule.steps_per_epoch
         self.open_ended = self.schedule.open_ended
         self.epochs: Optional[int] = None if self.open_ended else self.schedule.epochs  # None: no last epoch
-        self.windows = _window_planner(self.schedule, self.rank, self.rank_plan) if self.open_ended else None
+        self.windows = _window_planner(self.schedule, self.rank, self.rank_plan) \
+            if self.open_ended and not process else None  # (a loader process plans its own windows)
         self.cursor = self.schedule.start_step  # next global step (a resumed job's steps before its start are empty)
         self.buffer: Optional[BufferManager] = None
         self._step_total = None  # global batch size per step, read lazily (see _weight)
@@ -282,6 +303,9 @@ class SolarLoader:
         return self.hooks.produce(step, out)
 
     def _start_buffer(self):
+        if self._proc is not None:  # the loader process starts its buffer at the cursor
+            self.buffer = self._proc.start(self.cursor, self.prefetch)
+            return
         if self._gil_release is None:  # solar's threads start now: the training thread hands the GIL over sooner
             # put back at close, or when a loader never closed is collected
             self._gil_release = weakref.finalize(self, lower(self.switch_interval))
@@ -435,7 +459,8 @@ class SolarLoader:
             from ..buffer.node_manager import NODE_KEYS
             keys += NODE_KEYS
         out = {k: getattr(t, k) for k in keys}
-        out.update(self.reader.open_stats())  # opens, evictions, max_open (solar.io.fdcache)
+        # opens, evictions, max_open (solar.io.fdcache): a loader process's as of the last batch it sent
+        out.update(self._proc.reader_stats if self._proc is not None else self.reader.open_stats())
         return out
 
     def close(self):
@@ -446,7 +471,10 @@ class SolarLoader:
         self.assembler.close()
         if self.windows is not None:
             self.windows.close()
-        self.reader.close()
+        if self._proc is not None:
+            self._proc_close()
+        else:
+            self.reader.close()
         self.schedule.close()
         if self._guard is not None:
             self._guard()
@@ -461,6 +489,16 @@ class SolarLoader:
             if not (isinstance(exc, SystemExit) and not exc.code):
                 report_and_abort(self.comm, exc)
         self.close()
+
+
+def _check_process(given, schedule, nodes, buffer_device, reader) -> None:
+    """SpecError where ``process=True`` cannot run this loader (yet)."""
+    why = ("a schedule given as an object without a file (pass its path)" if schedule.path is None else
+           "a node plan (its ranks share pools through MPI: plan with --no-node-pool)" if nodes is not None else
+           "buffer_device= (the device buffer stays in the training process)" if buffer_device is not None else
+           "reader='mpiio' (MPI-IO needs the job's communicator)" if reader == "mpiio" else None)
+    if why:
+        raise SpecError(f"process=True cannot be used with {why}")
 
 
 def _window_planner(schedule, rank: int, first) -> WindowPlanner:

@@ -1,0 +1,190 @@
+"""``SolarLoader(process=True)``: the buffer, reader and assembly in a loader process of their own.
+
+The batches equal the in-process loader's bit for bit (epochs, a seek, a resume, an open-ended plan's
+window edge, a transform run in the training process), batches the training loop keeps are never
+overwritten, an error in the loader process is raised where the step is taken (its own class), a killed
+loader process is an error naming the signal (no hang), and what cannot run in a process is a one-line
+SpecError.  ``mpi``: each rank of ``mpiexec -n 2`` runs its own loader process beside the communicator.
+"""
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import solar
+from solar.loader import SolarLoader
+
+from conftest import on_root
+from helpers import make_dataset, h5py_sample
+from solar.layout import load_layout
+
+
+def _same(a: dict, b: dict):
+    assert set(a) == set(b)
+    for k in b:
+        if k == "weight":
+            assert a[k] == b[k]
+        else:
+            assert np.array_equal(np.asarray(a[k]), np.asarray(b[k])), k
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    root = tmp_path_factory.mktemp("proc")
+    data = make_dataset(root, "ptychonn", "chunked", samples=40)
+    path = str(root / "plan.h5")
+    solar.plan(data, world_size=2, local_batch=3, epochs=3, buffer_fraction=0.4, out=path).close()
+    return path, data
+
+
+def test_batches_equal_the_in_process_loaders_and_kept_ones_stay(job):
+    kept, copies = [], []
+    with SolarLoader(*job, rank=1, process=True) as a, SolarLoader(*job, rank=1) as b:
+        assert a.reader is None and a._proc.proc.poll() is None
+        for e in range(3):
+            a.set_epoch(e)
+            b.set_epoch(e)
+            n = 0
+            for x, y in zip(a, b):
+                _same(x, y)
+                n += 1
+                if n % 2:  # the training loop keeps every other batch: their segments must not be reused
+                    kept.append(x)
+                    copies.append({k: v.clone() if hasattr(v, "clone") else v for k, v in x.items()})
+            assert n == len(b)
+        st, ref = a.stats(), b.stats()
+        for k in ("steps", "samples", "hits", "misses", "bytes_loaded", "stored_bytes", "plan_violations"):
+            assert st[k] == ref[k], k
+        assert st["opens"] >= 1
+        child = a._proc.proc
+    assert child.returncode == 0  # closed with the loader
+    for x, c in zip(kept, copies):
+        _same(x, c)
+    layout = load_layout(job[1])
+    for x in kept[:3]:
+        i = int(x["index"][0])
+        want = h5py_sample(layout, i)
+        for k, v in want.items():
+            assert np.array_equal(x[k][0].numpy(), v), k
+
+
+def test_seek_and_resume_give_the_same_steps(job):
+    with SolarLoader(*job, rank=0, process=True) as a, SolarLoader(*job, rank=0) as b:
+        a.set_epoch(1)
+        b.set_epoch(1)
+        for _, (x, y) in zip(range(3), zip(a, b)):  # part of epoch 1, then a seek back to epoch 0
+            _same(x, y)
+        state = a.state_dict()
+        a.set_epoch(0)
+        b.set_epoch(0)
+        for x, y in zip(a, b):
+            _same(x, y)
+    with SolarLoader(*job, rank=0, process=True) as a, SolarLoader(*job, rank=0) as b:
+        a.load_state_dict(state)
+        b.load_state_dict(state)
+        for e in a.epoch_range():
+            a.set_epoch(e)
+            b.set_epoch(e)
+            got = list(zip(a, b))
+            assert got
+            for x, y in got:
+                _same(x, y)
+
+
+def test_an_open_ended_plan_crosses_its_window_edge(tmp_path):
+    data = make_dataset(tmp_path, "ptychonn", "contiguous", samples=24)
+    path = str(tmp_path / "auto.h5")
+    solar.plan(data, world_size=1, local_batch=4, epochs="auto", window=1, buffer_fraction=0.5, out=path).close()
+    with SolarLoader(path, rank=0, process=True) as a, SolarLoader(path, rank=0) as b:
+        for e in range(3):  # three windows of one epoch
+            a.set_epoch(e)
+            b.set_epoch(e)
+            for x, y in zip(a, b):
+                _same(x, y)
+
+
+def test_a_transform_runs_in_the_training_process(job):
+    seen = []
+
+    def add_one(batch):  # a closure: the loader process could not unpickle it
+        seen.append(os.getpid())
+        batch["X_train"] = batch["X_train"] + 1
+        return batch
+
+    with SolarLoader(*job, rank=0, process=True, transform=add_one) as a, SolarLoader(*job, rank=0) as b:
+        for x, y in zip(a, b):
+            assert np.array_equal(x["X_train"].numpy(), y["X_train"].numpy() + 1)
+            assert np.array_equal(x["index"], y["index"])
+    assert seen and set(seen) == {os.getpid()}
+
+
+def test_a_read_error_in_the_loader_process_is_raised_as_in_process(tmp_path):
+    data = make_dataset(tmp_path, "ptychonn", "contiguous", samples=24)
+    path = str(tmp_path / "plan.h5")
+    solar.plan(data, world_size=1, local_batch=4, epochs=1, buffer_fraction=0.5, out=path).close()
+    import shutil
+    f = load_layout(data).files[0]
+    shutil.copy2(f, f + ".orig")
+    errors = []
+    for process in (False, True):
+        with SolarLoader(path, rank=0, process=process, reader="pread") as a:
+            os.truncate(f, 4096)  # after the data check: the reads fail
+            with pytest.raises(solar.SolarError) as info:
+                for _ in a:
+                    pass
+            errors.append(info.value)
+        shutil.copy2(f + ".orig", f)  # the file as planned again (size and mtime)
+    assert type(errors[1]) is type(errors[0])
+    assert str(errors[1]).split(":")[0] == str(errors[0]).split(":")[0]
+    assert "in the loader process of rank 0" in str(errors[1].__cause__)
+
+
+def test_a_killed_loader_process_is_an_error_not_a_hang(job):
+    from solar.loader.process import LoaderProcessError
+    with SolarLoader(*job, rank=0, process=True) as a:
+        it = iter(a)
+        next(it)
+        os.kill(a._proc.proc.pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        with pytest.raises(LoaderProcessError, match="loader process of rank 0 was killed by signal 9"):
+            for _ in it:
+                pass
+        assert time.monotonic() - t0 < 30
+
+
+def test_a_bad_child_argument_is_raised_at_construction(job):
+    with pytest.raises(solar.SpecError, match="bogus"):
+        SolarLoader(*job, rank=0, process=True, reader_options={"bogus": 1})
+
+
+@pytest.mark.parametrize("kw,msg", [
+    (dict(process="yes"), "process must be True or False, got 'yes'"),
+    (dict(process=True, reader="mpiio"), r"process=True cannot be used with reader='mpiio'"),
+    (dict(process=True, buffer_device="cpu"), r"process=True cannot be used with buffer_device="),
+])
+def test_what_cannot_run_in_a_process_is_a_spec_error(job, kw, msg):
+    with pytest.raises(solar.SpecError, match=msg):
+        SolarLoader(*job, rank=0, **kw)
+
+
+def test_a_node_plan_is_refused_in_a_process(tmp_path):
+    from solar.loader.loader import _check_process
+    with pytest.raises(solar.SpecError, match="node plan"):
+        _check_process("p.h5", type("S", (), {"path": "p.h5"})(), object(), None, None)
+
+
+@pytest.mark.mpi
+def test_each_rank_runs_its_own_loader_process(comm, shared_tmp):
+    data = on_root(comm, lambda: make_dataset(shared_tmp, "ptychonn", "contiguous", samples=32))
+    path = os.path.join(shared_tmp, "plan.h5")
+    if comm.rank == 0:
+        solar.plan(data, world_size=comm.size, local_batch=4, epochs=2, buffer_fraction=0.5, out=path).close()
+    comm.Barrier()
+    with SolarLoader(path, comm=comm, process=True) as a, SolarLoader(path, comm=comm) as b:
+        for e in range(2):
+            a.set_epoch(e)
+            b.set_epoch(e)
+            for x, y in zip(a, b):
+                _same(x, y)
