@@ -34,6 +34,8 @@ def data(tmp_path_factory):
      "solar: one buffer per rank (--no-node-pool)"),
     (["--ranks-per-node", "2", "--no-node-pool"],
      "solar bench: error: --ranks-per-node plans node buffers and --no-node-pool one buffer per rank: give one"),
+    (["--loader-process", "--ranks-per-node", "2"],
+     "solar bench: error: --loader-process runs a buffer per rank; --ranks-per-node plans node buffers: give one"),
 ])
 def test_an_option_every_rank_refuses_is_one_line_exit_2(data, extra, line):
     r = run([sys.executable, "-m", "solar", "bench", data, "--no-progress", *extra])

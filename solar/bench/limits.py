@@ -39,11 +39,11 @@ def measure_copy(cpus: int, nbytes: int = 256 << 20, repeat: int = 3) -> dict:
     return dict(gbps=nbytes / best / 1e9, cpus=int(cpus), bytes=int(nbytes))
 
 
-def os_read_bytes() -> int:
-    """Bytes this process (all its threads) had the storage layer read (``read_bytes`` of ``/proc/self/io``;
-    0 where there is none)."""
+def os_read_bytes(pid=None) -> int:
+    """Bytes this process (all its threads), or process ``pid``, had the storage layer read (``read_bytes`` of
+    ``/proc/<pid>/io``; 0 where there is none)."""
     try:
-        with open("/proc/self/io") as fh:
+        with open(f"/proc/{pid or 'self'}/io") as fh:
             for line in fh:
                 if line.startswith("read_bytes:"):
                     return int(line.split()[1])

@@ -18,10 +18,10 @@ def _say(log: Optional[Callable[[str], None]], text: str) -> None:
         log(text)
 
 
-def rss_bytes() -> int:
-    """This process's resident set size now (Linux /proc)."""
+def rss_bytes(pid=None) -> int:
+    """This process's (or process ``pid``'s) resident set size now (Linux /proc)."""
     try:
-        with open("/proc/self/statm") as fh:
+        with open(f"/proc/{pid or 'self'}/statm") as fh:
             return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except OSError:
         return 0
@@ -82,6 +82,14 @@ def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float
                          pin_memory=cuda, device=consume.device if cuda else None, **opts)
     gpu_buffer = loader.buffer_device if loader.buffer_device is not None and loader.buffer_device.type == "cuda" \
         else None
+    # a loader process (process=True) reads and holds the buffer: its reads and memory count with this process's
+    child = loader._proc.proc.pid if loader._proc is not None else None
+
+    def read_bytes():
+        return os_read_bytes() + (os_read_bytes(child) if child else 0)
+
+    def rss():
+        return rss_bytes() + (rss_bytes(child) if child else 0)
     out = {"reader": loader.reader_name, "reader_options": dict(reader_options or {}), "epochs": [], "warmup_s": warmup,
            "cpus": loader.cpus, "buffer_device": None if loader.buffer_device is None else str(loader.buffer_device)}
     nodes = loader.nodes is not None  # a node plan: transfers between nodes are counted too
@@ -109,7 +117,7 @@ def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float
             if tracer is not None:
                 tracer.trace = []  # the epoch's reads (the fence: none of them was issued before its timer)
             sizes = []  # local batch size of each step (the device-only steps repeat them)
-            io0 = os_read_bytes()  # solar.bench.limits
+            io0 = read_bytes()  # solar.bench.limits
             t0 = time.perf_counter()
             samples = 0
             for i, batch in enumerate(loader):
@@ -133,12 +141,12 @@ def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float
                 import torch
                 torch.cuda.synchronize(gpu_buffer)
             secs = time.perf_counter() - t0 + (startup if e == 0 else 0.0)
-            io_read = os_read_bytes() - io0
+            io_read = read_bytes() - io0
             if bar is not None:
                 bar.close()
             picked = [(i, {k: v.cpu() for k, v in f.items()}) for i, f in picked]
             util = epoch_au(consume, comm, sizes, step_time, secs)
-            peak_rss = max(peak_rss, rss_bytes())
+            peak_rss = max(peak_rss, rss())
             verified = _verify(layout, picked, who="solar")  # after the timer; a difference ends the job
             planned = predicted["storage_bytes"][e]  # stored bytes of the blocks the plan loads in epoch e
             st = loader.stats()
@@ -191,7 +199,7 @@ def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float
         if nodes:
             out["policy"], out["ranks_per_node"] = loader.schedule.policy, loader.nodes.ranks_per_node
         out["rss_growth_bytes_max_rank"] = comm.allreduce(peak_rss - rss0, op=_max())
-        st = loader.reader.open_stats() if hasattr(loader.reader, "open_stats") else {}
+        st = loader.reader.open_stats() if hasattr(loader.reader, "open_stats") else loader.stats()
         # how this rank's reader read (rank 0's: O_DIRECT or not, native AIO or threads)
         keys = ("direct_io", "buffered_files", "aio", "aio_files", "aio_refused", "aio_submit_refused")
         out["reader_io"] = {k: st[k] for k in keys if k in st}

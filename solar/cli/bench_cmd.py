@@ -87,6 +87,10 @@ def add_parser(sub):
     p.add_argument("--buffer-device", choices=("cuda", "cpu"),
                    help="solar's buffer in this device's memory (cuda: the GPU; batches gathered there; cpu stands "
                         "in for it in tests); per-rank plans only")
+    p.add_argument("--loader-process", dest="loader_process", action="store_true",
+                   help="solar's buffer, reader and assembly in a process of their own per rank "
+                        "(SolarLoader(process=True)): their threads never take the GIL from the training thread; "
+                        "a buffer per rank")
     p.add_argument("--reads-in-flight", type=positive_int, metavar="N",
                    help="solar plan's --reads-in-flight: batches of each rank's budget held for reads in flight "
                         "(default 1)")
@@ -192,6 +196,10 @@ def run(args) -> int:
         else contextlib.nullcontext()
     with guard:
         given = [x is not None for x in (args.policy, args.network_bandwidth, args.storage_bandwidth)]
+        if args.loader_process and (args.ranks_per_node or 1) > 1:
+            raise SpecError("--loader-process runs a buffer per rank; --ranks-per-node plans node buffers: give one")
+        if args.loader_process and args.buffer_device is not None:
+            raise SpecError("--loader-process keeps solar's buffer in the loader process: leave out --buffer-device")
         if args.ranks_per_node is not None and not args.node_pool:
             raise SpecError("--ranks-per-node plans node buffers and --no-node-pool one buffer per rank: give one")
         L, pool_note = _node_pool(args, comm)
@@ -229,7 +237,8 @@ def run(args) -> int:
                     policy=args.policy, peer_cost=cost, reader_options=args.reader_options,
                     device=args.device, model=args.model, amp=args.amp,
                     loader_options={k: v for k, v in (("cpus", args.cpus), ("buffer_device", args.buffer_device),
-                                                      ("switch_interval", args.switch_interval)) if v is not None},
+                                                      ("switch_interval", args.switch_interval),
+                                                      ("process", args.loader_process or None)) if v is not None},
                     log=_progress_line if args.progress and comm.rank == 0 else None)
     if comm.rank == 0:
         print(json.dumps(rep, indent=2) if args.json else format_report(rep), flush=True)
@@ -250,6 +259,8 @@ def _node_pool(args, comm) -> tuple:
         return None, "solar: one buffer per rank (--no-node-pool)"
     if args.buffer_device is not None:
         return None, "solar: one buffer per rank, on its GPU (--buffer-device)"
+    if args.loader_process:
+        return None, "solar: one buffer per rank, in a loader process of its own (--loader-process)"
     from ..mpi import ranks_per_node
     L, why = ranks_per_node(comm)
     if L is None:

@@ -96,6 +96,14 @@ class SolarLoader:
     in Python hands the GIL to solar's threads sooner (:mod:`solar.loader.gil`; process-wide, restored by
     :meth:`close`).
 
+    ``process=True``: the buffer, the reader and batch assembly run in a loader process of their own
+    (:mod:`solar.loader.process`), so that their threads never take the GIL from the training thread (measured:
+    a step's Python ran 2x slower beside the in-process loader, ``benchmarks/training_thread.py``).  Batches
+    come through shared memory, bit for bit the in-process loader's, with the same memory, resume and
+    errors; transforms and the ``device`` copy run in the training process.  Not with node plans,
+    ``buffer_device`` or the ``mpiio`` reader (a SpecError says so); ``comm`` stays in the training process
+    (its checks and abort guard), the loader process reads on its own.  Start-up takes about a second more.
+
     Resuming: after :meth:`load_state_dict` the cursor is inside epoch
     ``loader.epoch``; ``set_epoch(loader.epoch)`` keeps it, so the loop
     ``for e in loader.epoch_range(): loader.set_epoch(e); for b in loader``
@@ -231,7 +239,7 @@ class SolarLoader:
             self.reader = None
             try:
                 from .process import LoaderProcess
-                child = dict(schedule=self.schedule.path, data=data, rank=self.rank, reader=self.reader_name,
+                child = dict(schedule=self.schedule.path, data=self.layout, rank=self.rank, reader=self.reader_name,
                              threads=threads, prefetch=max(1, prefetch - 1), as_torch=False, verify=verify,
                              reader_options=reader_options, epoch_fence=epoch_fence, abort_on_error=False,
                              fields=fields, verify_data="off", cpus=self.cpus, switch_interval=switch_interval)
@@ -247,6 +255,15 @@ class SolarLoader:
         self.prefetch, self.as_torch, self.verify, self.epoch_fence = prefetch, as_torch, verify, epoch_fence
         if as_torch:  # now, not at the first batch: importing torch holds the GIL ~1.5 s, which the reader
             import torch  # noqa: F401  threads would wait out in epoch 0 (measured: 1,900 against 6,200 samples/s)
+        if self._proc is not None:  # the loader process started meanwhile (its imports beside torch's)
+            err = None
+            try:
+                self._proc.wait_ready()
+            except Exception as exc:  # noqa: BLE001 - raised on every rank by agree
+                err = exc
+            if err is not None:
+                self._proc_close()
+            agree(comm, err)
         self.S = self.schedule.steps_per_epoch
         self.open_ended = self.schedule.open_ended
         self.epochs: Optional[int] = None if self.open_ended else self.schedule.epochs  # None: no last epoch

@@ -86,8 +86,14 @@ class LoaderProcess:
         self._send(kwargs)
         self.thread = threading.Thread(target=self._receive, name=f"solar-receive-r{rank}", daemon=True)
         self.thread.start()
-        ready = self._reply("ready", START_TIMEOUT_S)
-        self.reader_name, self.cpus = ready[1], ready[2]
+        self.reader_name = self.cpus = None
+
+    def wait_ready(self) -> None:
+        """Wait for the child's loader to be built (it starts meanwhile: the training process can import torch);
+        its constructor's exception is raised here."""
+        if self.reader_name is None:
+            ready = self._reply("ready", START_TIMEOUT_S)
+            self.reader_name, self.cpus = ready[1], ready[2]
 
     # ------------------------------------------------------------ sending
     def _send(self, msg) -> None:
