@@ -3,7 +3,7 @@
 #
 #   benchmarks/gpu_check.sh OUTDIR [SECTION ...]      (sections: basics, cores, bench, conv, resident, nodes,
 #                                                          depth, gil, reads, sync, eqmem, neighbours, kvikio,
-#                                                          aio;
+#                                                          aio, process;
 #                                                          default basics cores)
 #
 # It generates the data, trains the examples on CUDA, runs `solar bench --device cuda` cold, and writes
@@ -40,6 +40,8 @@
 #            solar's pread reader and one copy a step, and the disk's own rate, 16 and 64 in flight (kvikio.json)
 #   aio      issue 24: the pread reader's native AIO (the default on ext4/xfs/btrfs) against its threads, cold,
 #            f=0.5, solar alone: one rank with the conv net, and R ranks, interleaved, twice each (aio.json)
+#   process  issue 24: solar's loader in a process of its own per rank (--loader-process) against in the training
+#            process, a buffer per rank, the same pairs as aio (process.json)
 #   resident the all-resident `solar bench` pair alone (bench-resident)
 #   nodes    issue 25: SOLAR_GPU_RANKS (8) ranks on the node, cold, the node pool (the default) against a buffer
 #            per rank (--no-node-pool), on the contiguous file (with every baseline) and on a gzip one
@@ -440,6 +442,11 @@ neighbours() { pairs_one_many neighbours --neighbour-reads ""; }
 # aio.json (per epoch samples/s, limit ratios, and reader_io: whether AIO read the files)
 section_aio() { pairs_one_many aio '--reader-options {"aio":true}' '--reader-options {"aio":false}'; }
 
+# issue 24, item 1: the loader in a process of its own per rank (--loader-process) against in the training process, a
+# buffer per rank both times; process.json (per epoch samples/s, au and gpu_wait_fraction: whether the conv net's
+# launches waited for the GIL beside the in-process loader)
+section_process() { pairs_one_many process '--no-node-pool --loader-process' '--no-node-pool'; }
+
 # the cold `solar bench --model conv` of section basics alone
 bench_conv() {
     [ -n "$MPIEXEC" ] || return 0
@@ -464,6 +471,7 @@ for s in $SECTIONS; do
         neighbours) neighbours ;;
         kvikio) kvikio ;;
         aio) section_aio ;;
+        process) section_process ;;
         *) say "unknown section $s (sections: basics cores bench conv resident nodes depth gil reads sync eqmem neighbours kvikio aio)" ;;
     esac
 done
