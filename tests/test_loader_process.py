@@ -120,6 +120,17 @@ def test_a_transform_runs_in_the_training_process(job):
     assert seen and set(seen) == {os.getpid()}
 
 
+def test_the_device_copy_runs_on_the_received_batches(job):
+    """``device=`` (the CPU standing in for a GPU): the copy is staged in the training process's receiving
+    thread, and the batches are the plain loader's."""
+    with SolarLoader(*job, rank=1, process=True, device="cpu") as a, SolarLoader(*job, rank=1) as b:
+        for e in range(2):
+            a.set_epoch(e)
+            b.set_epoch(e)
+            for x, y in zip(a, b):
+                _same(x, y)
+
+
 def test_a_read_error_in_the_loader_process_is_raised_as_in_process(tmp_path):
     data = make_dataset(tmp_path, "ptychonn", "contiguous", samples=24)
     path = str(tmp_path / "plan.h5")
@@ -163,16 +174,22 @@ def test_a_bad_child_argument_is_raised_at_construction(job):
     (dict(process="yes"), "process must be True or False, got 'yes'"),
     (dict(process=True, reader="mpiio"), r"process=True cannot be used with reader='mpiio'"),
     (dict(process=True, buffer_device="cpu"), r"process=True cannot be used with buffer_device="),
+    (dict(process=True, pin_memory=True), r"process=True cannot be used with pin_memory=True"),
+    (dict(process=True, reader_options={"hook": lambda: 1}), r"process=True sends the loader's arguments"),
 ])
 def test_what_cannot_run_in_a_process_is_a_spec_error(job, kw, msg):
     with pytest.raises(solar.SpecError, match=msg):
         SolarLoader(*job, rank=0, **kw)
 
 
-def test_a_node_plan_is_refused_in_a_process(tmp_path):
+def test_a_node_plan_and_a_plan_in_memory_are_refused_in_a_process(job):
     from solar.loader.loader import _check_process
+    sched = type("S", (), {"path": job[0]})()
     with pytest.raises(solar.SpecError, match="node plan"):
-        _check_process("p.h5", type("S", (), {"path": "p.h5"})(), object(), None, None)
+        _check_process(sched, object(), None, None)
+    plan = solar.plan(job[1], world_size=1, local_batch=3, epochs=1, buffer_fraction=0.4)  # no out=: in memory
+    with pytest.raises(solar.SpecError, match="process=True cannot be used with a schedule that is not in a file"):
+        SolarLoader(plan, job[1], rank=0, process=True)
 
 
 @pytest.mark.mpi
@@ -205,3 +222,75 @@ def test_bench_runs_solar_in_loader_processes(tmp_path):
     assert e0["verified"] > 0 and e0["plan_violations"] == 0
     assert e0["block_misses"] > 0 and e0["storage_bytes"] > 0
     assert rep["epochs"][1]["global_samples"] == 32
+
+
+@pytest.mark.parametrize("prefetch", [1, 2])
+def test_segments_are_the_in_process_loaders_batches_and_dropped_ones_are_unmapped(job, prefetch):
+    """A loop that keeps nothing uses prefetch + 2 segments: the in-process loader's batches alive at its peak
+    (prefetch waiting, the one handed out, the one before it until the loop lets it go).  Batches kept and then
+    dropped do not hold their memory: the free segments beyond prefetch + 2 are unmapped on both sides."""
+    import gc
+    with SolarLoader(*job, rank=0, process=True, prefetch=prefetch) as a:
+        for e in range(2):
+            a.set_epoch(e)
+            for _ in a:
+                pass
+        assert len(a._proc.maps) <= prefetch + 2
+        a.set_epoch(2)
+        kept = list(a)
+        assert len(a._proc.maps) >= len(kept) > prefetch + 2
+        del kept
+        gc.collect()
+        a.set_epoch(0)
+        for _ in a:
+            pass
+        assert len(a._proc.maps) <= 2 * (prefetch + 2)
+
+
+def test_a_failure_on_the_receiving_side_is_an_error_not_a_hang(job, monkeypatch):
+    from solar.loader.process import LoaderProcess, LoaderProcessError
+
+    def broken(self, msg):
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(LoaderProcess, "_batch", broken)
+    with SolarLoader(*job, rank=0, process=True) as a:
+        t0 = time.monotonic()
+        with pytest.raises(LoaderProcessError, match="failed: RuntimeError: injected"):
+            next(iter(a))
+        assert time.monotonic() - t0 < 30
+        child = a._proc.proc
+    assert child.poll() is not None  # ended with the loader
+
+
+FORKED = """
+import os, sys, time
+sys.path.insert(0, {tests!r})
+from solar.loader import SolarLoader
+a = SolarLoader({plan!r}, {data!r}, rank=0, process=True)
+next(iter(a))
+print(a._proc.proc.pid, flush=True)
+if os.fork() == 0:  # a forked helper (a DataLoader worker) keeps the socket open
+    time.sleep(30)
+    os._exit(0)
+os._exit(0)  # the training process dies without closing anything
+"""
+
+
+def test_the_loader_process_ends_when_the_training_process_dies_even_if_it_forked(job):
+    import subprocess
+    import sys
+    here = os.path.dirname(os.path.abspath(__file__))
+    r = subprocess.run([sys.executable, "-c", FORKED.format(tests=here, plan=job[0], data=job[1])],
+                       capture_output=True, text=True, timeout=120)
+    pid = int(r.stdout.split()[0])
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 20:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.2)
+    else:
+        os.kill(pid, signal.SIGKILL)
+        pytest.fail("the loader process outlived the training process")

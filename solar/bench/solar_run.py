@@ -79,11 +79,14 @@ def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float
     rss0 = rss_bytes()
     loader = SolarLoader(schedule_path, layout, comm=comm, reader=reader, threads=threads, prefetch=prefetch,
                          as_torch=True, epoch_fence=True, abort_on_error=abort_on_error, reader_options=reader_options,
-                         pin_memory=cuda, device=consume.device if cuda else None, **opts)
+                         pin_memory=cuda and not opts.get("process"),  # (a loader process's batches: device= stages)
+                         device=consume.device if cuda else None, **opts)
     gpu_buffer = loader.buffer_device if loader.buffer_device is not None and loader.buffer_device.type == "cuda" \
         else None
     # a loader process (process=True) reads and holds the buffer: its reads and memory count with this process's
     child = loader._proc.proc.pid if loader._proc is not None else None
+    if child:  # its interpreter and imports (the training process's were in rss0 already), not its buffer yet
+        rss0 += rss_bytes(child)
 
     def read_bytes():
         return os_read_bytes() + (os_read_bytes(child) if child else 0)

@@ -23,77 +23,113 @@ import numpy as np
 SEGMENT_ALIGN = 2 << 20
 
 
+class _Segment:
+    __slots__ = ("mm", "addr", "size", "fd", "busy", "sent")
+
+    def __init__(self, mm, addr, size, fd):
+        self.mm, self.addr, self.size, self.fd = mm, addr, size, fd
+        self.busy = self.sent = False
+
+
 class Segments:
     """Shared-memory segments the child's batches are assembled into (:meth:`alloc`, the assembler's hook).
 
     A segment is taken by one batch from :meth:`alloc` until the training process says it dropped the
     batch (:meth:`free`), or until the buffer stops without shipping it (:meth:`free_unsent`).  New segments
-    are created when none free is large enough; their descriptors go out with the next batch message."""
+    are created when none free is large enough; their descriptors go out with the next batch message.  Of
+    the free segments at most ``keep`` stay (batches the training loop kept, then dropped, do not hold
+    their memory for the loader's life); the others are unmapped, and the next message tells the training
+    process to unmap them too.  Segment ids are never reused."""
 
-    def __init__(self):
+    def __init__(self, keep: int = 4):
         self._lock = threading.Lock()
-        self.maps: List[mmap.mmap] = []
-        self.addr: List[int] = []
-        self.size: List[int] = []
-        self.fds: List[int] = []
-        self.busy: List[bool] = []
-        self.sent: List[bool] = []
-        self.new: List[int] = []  # created, descriptor not yet passed
+        self.keep = int(keep)
+        self.segs: Dict[int, _Segment] = {}
+        self.next_id = 0
+        self.new: List[int] = []       # created, descriptor not yet passed
+        self.dropped: List[int] = []   # unmapped here, not yet told
 
     def alloc(self, nbytes: int) -> np.ndarray:
         nbytes = max(int(nbytes), 1)
         with self._lock:
-            free = [i for i, b in enumerate(self.busy) if not b and self.size[i] >= nbytes]
+            free = [i for i, s in self.segs.items() if not s.busy and s.size >= nbytes]
             if free:
-                i = min(free, key=lambda j: self.size[j])
+                i = min(free, key=lambda j: self.segs[j].size)
             else:
                 i = self._create(-(-nbytes // SEGMENT_ALIGN) * SEGMENT_ALIGN)
-            self.busy[i], self.sent[i] = True, False
-            return np.frombuffer(self.maps[i], dtype=np.uint8, count=nbytes)
+            seg = self.segs[i]
+            seg.busy, seg.sent = True, False
+            return np.frombuffer(seg.mm, dtype=np.uint8, count=nbytes)
 
     def _create(self, size: int) -> int:
         fd = os.memfd_create("solar-batch", os.MFD_CLOEXEC)
-        os.ftruncate(fd, size)
-        m = mmap.mmap(fd, size)
-        self.maps.append(m)
-        self.addr.append(int(np.frombuffer(m, np.uint8, count=1).ctypes.data))
-        self.size.append(size)
-        self.fds.append(fd)
-        self.busy.append(False)
-        self.sent.append(False)
-        self.new.append(len(self.maps) - 1)
-        return len(self.maps) - 1
+        try:
+            os.ftruncate(fd, size)
+            m = mmap.mmap(fd, size)
+        except BaseException:
+            os.close(fd)
+            raise
+        i = self.next_id
+        self.next_id += 1
+        self.segs[i] = _Segment(m, int(np.frombuffer(m, np.uint8, count=1).ctypes.data), size, fd)
+        self.new.append(i)
+        return i
 
     def find(self, arr: np.ndarray) -> Optional[int]:
         """The segment ``arr``'s bytes lie in, or None."""
         a = int(arr.__array_interface__["data"][0])
         with self._lock:
-            for i, (lo, z) in enumerate(zip(self.addr, self.size)):
-                if lo <= a and a + arr.nbytes <= lo + z:
+            for i, s in self.segs.items():
+                if s.addr <= a and a + arr.nbytes <= s.addr + s.size:
                     return i
         return None
 
     def mark_sent(self, i: int) -> None:
         with self._lock:
-            self.sent[i] = True
+            self.segs[i].sent = True
 
     def take_new(self) -> List[tuple]:
-        """``[(segment, size, fd)]`` created since the last call."""
+        """``[(segment, size, fd)]`` created since the last call (the caller closes each fd once passed)."""
         with self._lock:
-            out = [(i, self.size[i], self.fds[i]) for i in self.new]
+            out = [(i, self.segs[i].size, self.segs[i].fd) for i in self.new]
+            for i in self.new:
+                self.segs[i].fd = -1
             self.new = []
+            return out
+
+    def take_dropped(self) -> List[int]:
+        with self._lock:
+            out, self.dropped = self.dropped, []
             return out
 
     def free(self, ids) -> None:
         with self._lock:
             for i in ids:
-                self.busy[i] = False
+                if i in self.segs:
+                    self.segs[i].busy = False
+            self._trim()
 
     def free_unsent(self) -> None:
         with self._lock:
-            for i in range(len(self.busy)):
-                if self.busy[i] and not self.sent[i]:
-                    self.busy[i] = False
+            for s in self.segs.values():
+                if s.busy and not s.sent:
+                    s.busy = False
+            self._trim()
+
+    def _trim(self) -> None:
+        free = sorted((i for i, s in self.segs.items() if not s.busy), key=lambda j: self.segs[j].size)
+        for i in free[:max(0, len(free) - self.keep)]:  # the smallest go first
+            s = self.segs[i]
+            try:
+                s.mm.close()
+            except BufferError:  # a view of it still alive here: keep it
+                continue
+            if s.fd >= 0:  # never passed: the training process never saw it
+                os.close(s.fd)
+                self.new.remove(i)
+            else:
+                self.dropped.append(i)
+            del self.segs[i]
 
 
 class Child:
@@ -114,16 +150,30 @@ class Child:
 
     def send(self, msg, fds=()) -> None:
         from multiprocessing.reduction import sendfds
-        with self.send_lock:  # the message says how many descriptors follow it
-            self.conn.send(msg)
-            if fds:
-                sendfds(self.sock, list(fds))
+        try:
+            with self.send_lock:  # the message says how many descriptors follow it
+                self.conn.send(msg)
+                if fds:
+                    sendfds(self.sock, list(fds))
+        finally:
+            for fd in fds:  # passed (the training process has its own copy) or the socket is gone
+                os.close(fd)
 
     def run(self) -> int:
-        kwargs = self.conn.recv()
+        parent = os.getppid()
         try:
+            kwargs = self.conn.recv()
+        except (EOFError, OSError):  # the training process is gone already
+            return 0
+        try:
+            from ..schedule import ScheduleError
             from .loader import SolarLoader
+            header = kwargs.pop("header_sha256")
+            self.segments.keep = kwargs.pop("keep_segments")
             self.loader = SolarLoader(**kwargs)
+            if self.loader.schedule.header_sha256 != header:
+                raise ScheduleError(f"{kwargs['schedule']} changed since the training process opened it (another "
+                                    f"plan written there?): the loader process would follow another plan")
             self.loader.assembler.alloc = self.segments.alloc
             self.send(("ready", self.loader.reader_name, self.loader.cpus))
         except BaseException as exc:  # noqa: BLE001 - reported to the training process, which raises it
@@ -131,6 +181,10 @@ class Child:
             return 1
         while True:
             try:
+                if not self.conn.poll(1.0):
+                    if os.getppid() != parent:  # the training process died (a forked process of its keeps the
+                        break                   # socket open, so no end-of-file tells this one)
+                    continue
                 msg = self.conn.recv()
             except (EOFError, OSError):  # the training process is gone
                 break
@@ -174,10 +228,10 @@ class Child:
         b = L.buffer
         with self.cv:
             self.want, self.stopping = cursor - 1, False
-        self.send(("started", gen, startup, int(b.start), int(b.stop), int(b.pools.capacity_bytes)
-                   if getattr(b, "pools", None) is not None else 0, dict(b.warmup)))
         self.shipper = threading.Thread(target=self._ship, args=(b, gen), name="solar-ship", daemon=True)
         self.shipper.start()
+        self.send(("started", gen, startup, int(b.start), int(b.stop), int(b.pools.capacity_bytes)
+                   if getattr(b, "pools", None) is not None else 0, dict(b.warmup)))
 
     def _stop(self) -> None:
         with self.cv:
@@ -226,7 +280,7 @@ class Child:
             if i is None:
                 fields[k] = v  # pickled: the ids, samples of uneven shapes
                 continue
-            off = int(v.__array_interface__["data"][0]) - self.segments.addr[i]
+            off = int(v.__array_interface__["data"][0]) - self.segments.segs[i].addr
             fields[k] = ("seg", i, off, v.shape, v.dtype.str, v.strides)
             used.add(i)
         if len(used) > 1:
@@ -234,8 +288,8 @@ class Child:
         new = self.segments.take_new()
         for i in used:
             self.segments.mark_sent(i)
-        return {"fields": fields, "segment": next(iter(used), None), "new": [(i, z) for i, z, _ in new]}, \
-            [fd for _, _, fd in new]
+        return {"fields": fields, "segment": next(iter(used), None), "new": [(i, z) for i, z, _ in new],
+                "dropped": self.segments.take_dropped()}, [fd for _, _, fd in new]
 
 
 def _portable(exc: BaseException):

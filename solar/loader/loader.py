@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import numbers
+import os
 import time
 import weakref
 from typing import Callable, Optional, Sequence, TYPE_CHECKING, Union
@@ -210,6 +211,8 @@ class SolarLoader:
                     device = None
             self.buffer_device = _check_buffer_device(buffer_device, self.nodes, as_torch, device, transform,
                                                       sample_transform)
+            if process:
+                _check_process(self.schedule, self.nodes, self.buffer_device, reader, pin_memory)
             if cpus is None:  # the rank's share of the cores it may run on (affinity / ranks on the node)
                 from ..topology import cpus_of_this_rank
                 cpus = cpus_of_this_rank()
@@ -220,8 +223,6 @@ class SolarLoader:
                                 f"device ({self.assembler.tables.why}); leave the buffer in process memory")
             self.hooks = BatchHooks(transform, sample_transform, device, as_torch, to_torch=self._to_torch)
             bind_layout(self.layout, transform, sample_transform)
-            if process:
-                _check_process(schedule, self.schedule, self.nodes, self.buffer_device, reader)
             self.reader_name = reader or default_reader_name(self.layout, None if process else comm)
         except Exception as exc:  # noqa: BLE001 - raised on every rank by agree
             err = exc
@@ -239,10 +240,14 @@ class SolarLoader:
             self.reader = None
             try:
                 from .process import LoaderProcess
-                child = dict(schedule=self.schedule.path, data=self.layout, rank=self.rank, reader=self.reader_name,
-                             threads=threads, prefetch=max(1, prefetch - 1), as_torch=False, verify=verify,
-                             reader_options=reader_options, epoch_fence=epoch_fence, abort_on_error=False,
-                             fields=fields, verify_data="off", cpus=self.cpus, switch_interval=switch_interval)
+                # one assembled batch fewer waiting there, one received ahead here (none with prefetch=1): the
+                # batches alive are the in-process loader's prefetch + 1
+                child = dict(schedule=os.path.abspath(self.schedule.path), data=self.layout, rank=self.rank,
+                             reader=self.reader_name, threads=threads, prefetch=max(1, prefetch - 1), as_torch=False,
+                             verify=verify, reader_options=reader_options, epoch_fence=epoch_fence,
+                             abort_on_error=False, fields=fields, verify_data="off", cpus=self.cpus,
+                             switch_interval=switch_interval, header_sha256=self.schedule.header_sha256,
+                             keep_segments=prefetch + 2)
                 self._proc = LoaderProcess(child, self.hooks.produce, self.rank)
             except Exception as exc:  # noqa: BLE001 - raised on every rank by agree
                 err = exc
@@ -321,7 +326,7 @@ class SolarLoader:
 
     def _start_buffer(self):
         if self._proc is not None:  # the loader process starts its buffer at the cursor
-            self.buffer = self._proc.start(self.cursor, self.prefetch)
+            self.buffer = self._proc.start(self.cursor, 1 if self.prefetch >= 2 else 0)
             return
         if self._gil_release is None:  # solar's threads start now: the training thread hands the GIL over sooner
             # put back at close, or when a loader never closed is collected
@@ -483,18 +488,20 @@ class SolarLoader:
     def close(self):
         """Stop the prefetch thread, close the reader (collective for MPI readers) and the schedule,
         and remove the abort hooks."""
-        self._stop_buffer()
-        self._restore_gil()
-        self.assembler.close()
-        if self.windows is not None:
-            self.windows.close()
-        if self._proc is not None:
-            self._proc_close()
-        else:
-            self.reader.close()
-        self.schedule.close()
-        if self._guard is not None:
-            self._guard()
+        try:
+            self._stop_buffer()
+        finally:
+            self._restore_gil()
+            self.assembler.close()
+            if self.windows is not None:
+                self.windows.close()
+            if self._proc is not None:
+                self._proc_close()  # ends the loader process whatever _stop_buffer met
+            else:
+                self.reader.close()
+            self.schedule.close()
+            if self._guard is not None:
+                self._guard()
 
     def __enter__(self):
         return self
@@ -508,12 +515,15 @@ class SolarLoader:
         self.close()
 
 
-def _check_process(given, schedule, nodes, buffer_device, reader) -> None:
+def _check_process(schedule, nodes, buffer_device, reader, pin_memory=False) -> None:
     """SpecError where ``process=True`` cannot run this loader (yet)."""
-    why = ("a schedule given as an object without a file (pass its path)" if schedule.path is None else
+    why = ("a schedule that is not in a file (the loader process opens it: write it with out=)"
+           if not schedule.path or not os.path.isfile(schedule.path) else
            "a node plan (its ranks share pools through MPI: plan with --no-node-pool)" if nodes is not None else
            "buffer_device= (the device buffer stays in the training process)" if buffer_device is not None else
-           "reader='mpiio' (MPI-IO needs the job's communicator)" if reader == "mpiio" else None)
+           "reader='mpiio' (MPI-IO needs the job's communicator)" if reader == "mpiio" else
+           "pin_memory=True (batches come in shared memory, not pinned: device= stages them through pinned "
+           "buffers)" if pin_memory else None)
     if why:
         raise SpecError(f"process=True cannot be used with {why}")
 
