@@ -99,10 +99,10 @@ class SolarLoader:
 
     ``process=True``: the buffer, the reader and batch assembly run in a loader process of their own
     (:mod:`solar.loader.process`), so that their threads never take the GIL from the training thread (measured:
-    a step's Python ran 2x slower beside the in-process loader, ``benchmarks/training_thread.py``).  Batches
+    a step's Python took 1.5-2.8x as long beside the in-process loader, ``benchmarks/training_thread.py``).  Batches
     come through shared memory, bit for bit the in-process loader's, with the same memory, resume and
     errors; transforms and the ``device`` copy run in the training process.  Not with node plans,
-    ``buffer_device`` or the ``mpiio`` reader (a SpecError says so); ``comm`` stays in the training process
+    ``buffer_device``, ``pin_memory`` or the ``mpiio`` reader (a SpecError says so); ``comm`` stays in the training process
     (its checks and abort guard), the loader process reads on its own.  Start-up takes about a second more.
 
     Resuming: after :meth:`load_state_dict` the cursor is inside epoch
