@@ -193,7 +193,8 @@ class SolarSource:
 
     kind = "solar"
 
-    def __init__(self, plan_path: str, data: str, rank: int, pin_memory: bool, device=None, cpus: int = 1):
+    def __init__(self, plan_path: str, data: str, rank: int, pin_memory: bool, device=None, cpus: int = 1,
+                 process: bool = False):
         from solar.loader import SolarLoader
         from solar.schedule import Schedule
         schedule, comm = Schedule.load(plan_path), None
@@ -210,6 +211,12 @@ class SolarSource:
                      f"takes its batches on the CPU: plan it without --device-buffer")
             on = "cpu" if device is None else device
             self.loader = SolarLoader(schedule, data, comm=comm, rank=rank, buffer_device=on, cpus=cpus)
+        elif process:  # the loader in a process of its own (its batches in shared memory, device= stages them)
+            if schedule.nodes is not None:
+                fail(f"{plan_path} is a node plan (ranks of a node share one buffer through MPI); --loader-process "
+                     f"runs a buffer per rank: plan again without --ranks-per-node (--replan)")
+            self.loader = SolarLoader(schedule.path, data, rank=rank, device=device, cpus=cpus, process=True)
+            schedule.close()
         else:  # device: each batch copied to the GPU in the loader's prefetch thread, on a side stream, ahead of use
             self.loader = SolarLoader(schedule, data, comm=comm, rank=rank, pin_memory=pin_memory, device=device,
                                       cpus=cpus)
@@ -408,6 +415,9 @@ def parse_args(task: Task, doc: str, argv=None):
                                                "cores (affinity / ranks per node) less the loader's)")
     p.add_argument("--loader-cpus", type=int, help="cores solar's loader may keep busy assembling batches (default: "
                                                    "on CUDA the rank's cores less one; on CPU 1)")
+    p.add_argument("--loader-process", action="store_true",
+                   help="solar's buffer, reader and assembly in a process of their own per rank, so that their "
+                        "threads never take the GIL from the training loop (a buffer per rank)")
     p.add_argument("--cpu", action="store_true", help="train on CPU even if CUDA is available")
     p.add_argument("--checkpoint", help="checkpoint file (model, optimizer, loader position, statistics)")
     p.add_argument("--checkpoint-every", type=int, default=0, help="also save every N steps (0: epoch ends)")
@@ -502,8 +512,11 @@ def ensure_plan(args, g: Group) -> str:
     device_buffer = getattr(args, "device_buffer", None)
     if device_buffer is not None and (args.ranks_per_node or 1) > 1:
         fail("--device-buffer plans one buffer per rank on its GPU: not with --ranks-per-node")
-    L, found, note = (args.ranks_per_node, 1, None) if args.ranks_per_node is not None or device_buffer is not None \
-        else node_pool_choice(g)
+    process = getattr(args, "loader_process", False)
+    if process and (args.ranks_per_node or 1) > 1:
+        fail("--loader-process runs one buffer per rank in its loader process: not with --ranks-per-node")
+    L, found, note = (args.ranks_per_node, 1, None) \
+        if args.ranks_per_node is not None or device_buffer is not None or process else node_pool_choice(g)
     if L == 1:
         L = None  # one rank per node: a buffer per rank
 
@@ -705,7 +718,7 @@ def train(args, task: Task, g: Group, device: torch.device, threads: int, topo):
     if args.loader == "solar":
         plan_path = ensure_plan(args, g)
         source = SolarSource(plan_path, args.data, g.rank, pin_memory=cuda, device=device if on_device else None,
-                             cpus=args.loader_cpus)
+                             cpus=args.loader_cpus, process=args.loader_process)
         if args.local_batch and args.local_batch != source.local_batch:
             fail(f"{plan_path} has local batch {source.local_batch}, not {args.local_batch}")
         epochs = args.epochs or source.epochs

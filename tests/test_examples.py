@@ -283,6 +283,25 @@ def test_a_plan_with_the_buffer_on_the_device_trains_the_same_steps(ptycho):
         r.stdout + r.stderr, (r.stdout + r.stderr)[-2000:]
 
 
+def test_the_loader_in_a_process_of_its_own_trains_the_same_steps(ptycho):
+    """``--loader-process`` (SolarLoader(process=True)): the same steps, sample ids and losses as the loader in the
+    training process, on the same per-rank plan."""
+    import solar
+    tmp, data = ptycho["tmp"], ptycho["data"]
+    plan = str(tmp / "per-rank.h5")
+    solar.plan(data, world_size=P, local_batch=B, epochs=2, seed=0, out=plan, buffer_fraction=0.5).close()
+    logs = {}
+    for how in ("in", "process"):
+        run_example(tmp, "train_ptychonn.py", data, "--epochs", 2, "--local-batch", B, "--width", 8, "--depth", 2,
+                    "--loader", "solar", "--plan", plan, "--log-json", tmp / f"lp-{how}.jsonl",
+                    *(["--loader-process"] if how == "process" else []))
+        logs[how] = read_log(tmp / f"lp-{how}.jsonl")[0]
+    assert sorted(logs["in"]) == sorted(logs["process"]) == list(range(2 * S))
+    for g in range(2 * S):
+        assert logs["process"][g]["index"] == logs["in"][g]["index"], g
+        assert logs["process"][g]["loss"] == logs["in"][g]["loss"], g
+
+
 def test_lightning_variant_trains_like_the_example(ptycho):
     """train_ptychonn_lightning.py (PyTorch Lightning's DDP under torchrun, SolarDataset in a DataLoader) on
     the same schedule: the same per-epoch training losses as train_ptychonn.py's solar run."""
