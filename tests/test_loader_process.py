@@ -30,6 +30,15 @@ def _same(a: dict, b: dict):
             assert np.array_equal(np.asarray(a[k]), np.asarray(b[k])), k
 
 
+def _compare(a, b, epochs):
+    """Epochs 0..epochs-1 of loaders ``a`` and ``b``: the same batches."""
+    for e in range(epochs):
+        a.set_epoch(e)
+        b.set_epoch(e)
+        for x, y in zip(a, b):
+            _same(x, y)
+
+
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
     root = tmp_path_factory.mktemp("proc")
@@ -98,11 +107,7 @@ def test_an_open_ended_plan_crosses_its_window_edge(tmp_path):
     path = str(tmp_path / "auto.h5")
     solar.plan(data, world_size=1, local_batch=4, epochs="auto", window=1, buffer_fraction=0.5, out=path).close()
     with SolarLoader(path, rank=0, process=True) as a, SolarLoader(path, rank=0) as b:
-        for e in range(3):  # three windows of one epoch
-            a.set_epoch(e)
-            b.set_epoch(e)
-            for x, y in zip(a, b):
-                _same(x, y)
+        _compare(a, b, 3)  # three windows of one epoch
 
 
 def test_a_transform_runs_in_the_training_process(job):
@@ -124,11 +129,7 @@ def test_the_device_copy_runs_on_the_received_batches(job):
     """``device=`` (the CPU standing in for a GPU): the copy is staged in the training process's receiving
     thread, and the batches are the plain loader's."""
     with SolarLoader(*job, rank=1, process=True, device="cpu") as a, SolarLoader(*job, rank=1) as b:
-        for e in range(2):
-            a.set_epoch(e)
-            b.set_epoch(e)
-            for x, y in zip(a, b):
-                _same(x, y)
+        _compare(a, b, 2)
 
 
 def test_a_read_error_in_the_loader_process_is_raised_as_in_process(tmp_path):
@@ -200,11 +201,7 @@ def test_each_rank_runs_its_own_loader_process(comm, shared_tmp):
         solar.plan(data, world_size=comm.size, local_batch=4, epochs=2, buffer_fraction=0.5, out=path).close()
     comm.Barrier()
     with SolarLoader(path, comm=comm, process=True) as a, SolarLoader(path, comm=comm) as b:
-        for e in range(2):
-            a.set_epoch(e)
-            b.set_epoch(e)
-            for x, y in zip(a, b):
-                _same(x, y)
+        _compare(a, b, 2)
 
 
 def test_bench_runs_solar_in_loader_processes(tmp_path):
