@@ -78,6 +78,19 @@ def test_each_batch_once_in_plan_order_one_buffer(job, workers, tmp_path, monkey
     assert log.read_text().split() == [str(os.getpid())]  # one buffer for both epochs, in this process
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_loader_process_behind_the_dataset(job, workers):
+    """``SolarDataset(..., process=True)``: the loader in a process of its own, forked DataLoader workers handing
+    out step references as ever; the batches are the in-process loader's."""
+    path, data, ref = job
+    with SolarDataset(path, data, rank=RANK, process=True) as ds:
+        assert ds.loader._proc is not None
+        got = epochs(ds, batches(ds, num_workers=workers))
+        child = ds.loader._proc.proc
+    assert_same(got, ref)
+    assert child.returncode == 0
+
+
 @pytest.mark.slow  # starts processes that import torch
 def test_spawned_workers(job):
     """Spawned workers get a pickled copy without the loader (one pass: each worker imports torch)."""
