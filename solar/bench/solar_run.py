@@ -84,7 +84,7 @@ def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float
     gpu_buffer = loader.buffer_device if loader.buffer_device is not None and loader.buffer_device.type == "cuda" \
         else None
     # a loader process (process=True) reads and holds the buffer: its reads and memory count with this process's
-    child = loader._proc.proc.pid if loader._proc is not None else None
+    child = loader.process_pid
     if child:  # its interpreter and imports (the training process's were in rss0 already), not its buffer yet
         rss0 += rss_bytes(child)
 

@@ -240,8 +240,8 @@ class SolarLoader:
             self.reader = None
             try:
                 from .process import LoaderProcess
-                # one assembled batch fewer waiting there, one received ahead here (none with prefetch=1): the
-                # batches alive are the in-process loader's prefetch + 1
+                # one assembled batch fewer waiting there, one received ahead here (none with prefetch=1): as many
+                # batches alive as in-process (solar.loader.process)
                 child = dict(schedule=os.path.abspath(self.schedule.path), data=self.layout, rank=self.rank,
                              reader=self.reader_name, threads=threads, prefetch=max(1, prefetch - 1), as_torch=False,
                              verify=verify, reader_options=reader_options, epoch_fence=epoch_fence,
@@ -277,6 +277,11 @@ class SolarLoader:
         self.cursor = self.schedule.start_step  # next global step (a resumed job's steps before its start are empty)
         self.buffer: Optional[BufferManager] = None
         self._step_total = None  # global batch size per step, read lazily (see _weight)
+
+    @property
+    def process_pid(self) -> Optional[int]:
+        """The process id of the loader process (``process=True``), else None."""
+        return self._proc.proc.pid if self._proc is not None else None
 
     # ------------------------------------------------------------- epochs
     def __len__(self) -> int:

@@ -13,7 +13,9 @@ thread that receives ready batches.
   taken until the last of them (and of any tensor made from them) is gone; only then may the child reuse
   it, so a batch kept by the training loop is never overwritten.
 * **The same memory.** The child runs with one assembled batch fewer waiting (``prefetch - 1``, at least
-  1), and the training process receives one batch ahead: the batches in memory are as the plan counts them.
+  1), and the training process receives one batch ahead (none with ``prefetch=1``): as many batches are
+  alive as with the in-process loader (at its peak prefetch + 2: those waiting, the one handed out, and the
+  one before it until the training loop lets it go).
 * **The same errors.** An exception in the child (a read that fails, a file that changed) is raised in the
   training process where the step is taken, as its own class where it pickles; the child ending
   unexpectedly raises :class:`LoaderProcessError` naming its exit status.  With ``comm`` the abort guard
@@ -117,10 +119,14 @@ class LoaderProcess:
             except (OSError, ValueError) as exc:
                 raise LoaderProcessError(self._why_dead() or f"cannot reach the loader process: {exc}") from None
 
-    def send_freed(self) -> None:
+    def _take_freed(self) -> list:
         ids = []
         while self.freed:
             ids.append(self.freed.popleft())
+        return ids
+
+    def send_freed(self) -> None:
+        ids = self._take_freed()
         if ids:
             self._send(("free", ids))
 
@@ -130,9 +136,7 @@ class LoaderProcess:
         self.freed.append(seg)
         if self.dead is None and self.send_lock.acquire(blocking=False):
             try:
-                ids = []
-                while self.freed:
-                    ids.append(self.freed.popleft())
+                ids = self._take_freed()
                 if ids:
                     self.conn.send(("free", ids))
             except (OSError, ValueError):
