@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import solar
+import solar.memory as mem
 from solar.loader import SolarLoader
 
 from conftest import on_root
@@ -232,16 +233,16 @@ def test_segments_are_the_in_process_loaders_batches_and_dropped_ones_are_unmapp
             a.set_epoch(e)
             for _ in a:
                 pass
-        assert len(a._proc.maps) <= prefetch + 2
+        assert len(a._proc.maps) <= mem.live_batches(prefetch)
         a.set_epoch(2)
         kept = list(a)
-        assert len(a._proc.maps) >= len(kept) > prefetch + 2
+        assert len(a._proc.maps) >= len(kept) > mem.live_batches(prefetch)
         del kept
         gc.collect()
         a.set_epoch(0)
         for _ in a:
             pass
-        assert len(a._proc.maps) <= 2 * (prefetch + 2)
+        assert len(a._proc.maps) <= 2 * mem.live_batches(prefetch)
 
 
 def test_a_failure_on_the_receiving_side_is_an_error_not_a_hang(job, monkeypatch):

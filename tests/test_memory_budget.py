@@ -80,7 +80,7 @@ def test_plan_takes_batches_from_the_budget(datasets):
     with mock.patch.object(mem.budget, "PLAN_ALLOWANCE", 0):
         s = solar.plan(layout, world_size=2, local_batch=2, epochs=2, buffer_per_rank=budget)
         assert s.buffer_bytes == budget - mem.reserve_bytes(mem.batch_bytes(layout, 2), keep)
-        with pytest.raises(SpecError, match=r"budget of 1000 B per rank leaves nothing for the buffer: 4 batches of 2 samples"):
+        with pytest.raises(SpecError, match=r"budget of 1000 B per rank leaves nothing for the buffer: 5 batches of 2 samples"):
             solar.plan(layout, world_size=2, local_batch=2, epochs=2, buffer_per_rank=1000)
 
 
@@ -94,10 +94,10 @@ def test_too_deep_prefetch_refused_before_reading(datasets, tmp_path):
                    out=path).close()
     from solar.io.pread_reader import PreadReader
     with mock.patch.object(PreadReader, "read_blocks", side_effect=AssertionError("read")):
-        with pytest.raises(BufferError, match=r"rank 0 needs .*: pools .* 40 \+ 1 batches .* lower prefetch to") as exc:
+        with pytest.raises(BufferError, match=r"rank 0 needs .*: pools .* 40 \+ 2 batches .* lower prefetch to") as exc:
             SolarLoader(path, layout, rank=0, prefetch=40, reader="pread")
         best = int(str(exc.value).split("lower prefetch to ")[1].split()[0])
-        assert 3 <= best < 40  # the plan holds 2 + 2 batches: one more fits, taken from the reads in flight
+        assert 3 <= best < 40  # the plan holds 2 + 2 batches and 1 of reads: one more fits, taken from the reads
         SolarLoader(path, layout, rank=0, prefetch=best, reader="pread").close()
         with pytest.raises(BufferError):
             SolarLoader(path, layout, rank=0, prefetch=best + 1, reader="pread")
@@ -111,7 +111,7 @@ def test_rank_memory_counts_what_the_buffer_allocates(datasets, tmp_path):
     need, slots, class_of, class_bytes = rank_memory(s.rank(1), s.demand(), budget=s.buffer_bytes,
                                                      batch_bytes=bb, prefetch=2, io_depth=4)
     assert need.pools == int((slots * class_bytes).sum())
-    assert need.batches == 3 * bb and need.total <= need.limit
+    assert need.batches == 4 * bb and need.total <= need.limit
     s.close()
 
 
@@ -125,7 +125,7 @@ def test_inspect_reports_memory_per_rank(datasets, tmp_path):
     assert m["total"] == m["resident"] + m["staging"] + m["batches"] + m["bookkeeping"] <= m["limit"]
     out = subprocess.run([sys.executable, "-m", "solar", "inspect", path], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    assert "memory per rank:" in out.stdout and "2 + 1 batches" in out.stdout
+    assert "memory per rank:" in out.stdout and "2 + 2 batches" in out.stdout
 
 
 def test_memory_of_every_rank_keeps_no_slice(tmp_path):
@@ -214,3 +214,42 @@ def test_whole_chunks_of_several_sizes_are_planned_so_that_the_loader_runs_them(
                     for i, j in enumerate(batch["index"].tolist()):
                         assert_same_sample({k: batch[k][i] for k in ("img", "aux")}, h5py_sample(layout, j))
     assert max(slack) > 0  # the case the fix is for did occur
+
+
+@pytest.mark.parametrize("prefetch", [1, 2, 3])
+def test_the_batches_the_model_counts_are_the_batches_alive(datasets, tmp_path, prefetch):
+    """A ``for`` loop that keeps nothing, slower than the loader: at most :func:`solar.memory.live_batches`
+    assembled batches are alive at once (``prefetch`` waiting, the one handed out and the one before it, which the
+    loop's variable holds while it asks for the next), and the queue does reach that many."""
+    import threading
+    import time
+    import weakref
+
+    import numpy as np
+    layout = datasets[("ptychonn", "contiguous")]
+    path = str(tmp_path / "plan.h5")
+    solar.plan(layout, world_size=2, local_batch=1, epochs=2, buffer_fraction=0.5, out=path).close()
+    lock, live, peak = threading.Lock(), [0], [0]
+
+    def gone():
+        with lock:
+            live[0] -= 1
+
+    def alloc(nbytes):
+        a = np.empty(nbytes, np.uint8)
+        with lock:
+            live[0] += 1
+            peak[0] = max(peak[0], live[0])
+        weakref.finalize(a, gone)
+        return a
+
+    with SolarLoader(path, layout, rank=0, prefetch=prefetch, reader="pread") as loader:
+        loader.assembler.alloc = alloc
+        steps = 0
+        for e in range(2):
+            loader.set_epoch(e)
+            for batch in loader:
+                time.sleep(0.1)  # the loader fills its queue meanwhile
+                steps += 1
+    assert steps >= 8
+    assert peak[0] == mem.live_batches(prefetch)

@@ -18,7 +18,7 @@ from typing import Dict
 import numpy as np
 
 from ..layout.parts import extent_of, stored_once
-from ..memory import bookkeeping_bytes, memory_need
+from ..memory import BATCHES_HANDED_OUT, bookkeeping_bytes, live_batches, memory_need
 from .pool import SlotPools
 from .steps import Booked, BufferError, BufferTotals, StepBlocks, StepStats, check_distinct, read_outside, step_blocks
 from .warmup import resident_at, used_before_evicted
@@ -288,13 +288,13 @@ def _check_memory(need, rank: int) -> None:
     from ..layout.summary import human_bytes as hb
     fix = "re-plan with a smaller budget per rank (the residency is planned within it)"
     if need.batches:
-        per = need.batches // (need.prefetch + 1)
-        best = (need.limit - need.resident - need.bookkeeping) // per - 1 if per else 0
+        per = need.batches // live_batches(need.prefetch)
+        best = (need.limit - need.resident - need.bookkeeping) // per - BATCHES_HANDED_OUT if per else 0
         if 1 <= best < need.prefetch:
             fix = f"lower prefetch to {best} (each queued batch is {hb(per)})"
         else:
             fix = f"lower the local batch or prefetch (each queued batch is {hb(per)}), or {fix}"
     raise BufferError(
         f"rank {rank} needs {hb(need.total)}: pools {hb(need.resident)} for the plan's resident blocks, "
-        f"{need.prefetch} + 1 batches {hb(need.batches)}, bookkeeping {hb(need.bookkeeping)}; the plan was "
+        f"{need.prefetch} + {BATCHES_HANDED_OUT} batches {hb(need.batches)}, bookkeeping {hb(need.bookkeeping)}; the plan was "
         f"made for {hb(need.limit)} per rank: {fix}")

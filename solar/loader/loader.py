@@ -21,7 +21,7 @@ import numpy as np
 
 from ..buffer import BufferManager, rank_memory
 from ..errors import SolarError, SpecError
-from ..memory import DEFAULT_IO_DEPTH, DEFAULT_PREFETCH, batch_bytes, max_local_batch
+from ..memory import DEFAULT_IO_DEPTH, DEFAULT_PREFETCH, batch_bytes, live_batches, max_local_batch
 from ..mpi import agree
 from ..schedule import Schedule, ScheduleError
 from ..scheduler.config import check_state_epoch
@@ -247,7 +247,7 @@ class SolarLoader:
                              verify=verify, reader_options=reader_options, epoch_fence=epoch_fence,
                              abort_on_error=False, fields=fields, verify_data="off", cpus=self.cpus,
                              switch_interval=switch_interval, header_sha256=self.schedule.header_sha256,
-                             keep_segments=prefetch + 2)
+                             keep_segments=live_batches(prefetch))
                 self._proc = LoaderProcess(child, self.hooks.produce, self.rank)
             except Exception as exc:  # noqa: BLE001 - raised on every rank by agree
                 err = exc

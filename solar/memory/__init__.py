@@ -20,13 +20,14 @@ slots, so allocation is O(1) and never fragments.  The pool sizes come from repl
   flight evicted slots are held for a while (at most ``window`` steps: the bound counted here).  ``staging`` is what the room left inside the limit allows, never more than the plan
   would hold with ``window`` steps in flight (:func:`pool_slots`); the buffer runs fewer steps' reads at
   once when the pools are full, so it never needs more.
-* ``batches``: ``prefetch`` assembled batches waiting in the queue plus the one the training loop holds,
-  each :func:`batch_bytes` of the largest local batch.
+* ``batches``: :func:`live_batches`: ``prefetch`` assembled batches waiting in the queue, the one handed to the
+  training loop and the one before it (a ``for`` loop holds it while it asks for the next), each
+  :func:`batch_bytes` of the largest local batch.
 * ``bookkeeping``: the per-block arrays the buffer keeps (slot and size class per block, the sample ->
   block map), which grow with the dataset.
 
 ``limit`` is the memory the plan was made for (:func:`memory_limit`): the planner's residency budget plus
-:func:`reserve_bytes` (batches, one batch of reads in flight, the bookkeeping).  ``solar.plan`` takes the
+:func:`reserve_bytes` (the live batches, one batch of reads in flight, the bookkeeping).  ``solar.plan`` takes the
 reserve beyond :data:`PLAN_ALLOWANCE` from the budget the user gave (:func:`plan_budgets`), so
 ``limit <= budget + PLAN_ALLOWANCE``.  The buffer refuses to start, before reading anything, when
 ``total > limit``.
@@ -39,16 +40,17 @@ bookkeeping, reserve, limit, residency budget), :mod:`~solar.memory.rank` (:clas
 :mod:`~solar.memory.node` (:class:`NodeMemory` of a node).  Applied to a schedule file:
 :mod:`solar.schedule.memory`.
 """
-from .budget import (BLOCK_BOOKKEEPING, DEFAULT_IO_DEPTH, DEFAULT_PREFETCH, FIXED_OVERHEAD, MAX_READS_IN_FLIGHT,
-                     PLAN_ALLOWANCE, batch_bytes, bookkeeping_bytes, check_reads_in_flight, demand_batch_bytes,
-                     largest_batch, max_local_batch, memory_limit, plan_budgets, reserve_bytes)
+from .budget import (BATCHES_HANDED_OUT, BLOCK_BOOKKEEPING, DEFAULT_IO_DEPTH, DEFAULT_PREFETCH, FIXED_OVERHEAD,
+                     MAX_READS_IN_FLIGHT, PLAN_ALLOWANCE, batch_bytes, bookkeeping_bytes, check_reads_in_flight,
+                     demand_batch_bytes, largest_batch, live_batches, max_local_batch, memory_limit, plan_budgets,
+                     reserve_bytes)
 from .node import NodeMemory, class_offsets, header_bytes, node_memory, plan_node_memory, staging_lists
 from .rank import MemoryNeed, memory_need
 from .slots import MAX_EXACT_CLASSES, largest_step_load, plan_pools, pool_slots, size_classes, slots_needed
 
-__all__ = ["BLOCK_BOOKKEEPING", "DEFAULT_IO_DEPTH", "DEFAULT_PREFETCH", "FIXED_OVERHEAD", "MAX_EXACT_CLASSES",
-           "MAX_READS_IN_FLIGHT", "PLAN_ALLOWANCE", "MemoryNeed", "NodeMemory", "batch_bytes", "bookkeeping_bytes",
-           "check_reads_in_flight", "class_offsets", "demand_batch_bytes", "header_bytes", "largest_batch",
-           "largest_step_load",
-           "max_local_batch", "memory_limit", "memory_need", "node_memory", "plan_budgets", "plan_node_memory",
-           "plan_pools", "pool_slots", "reserve_bytes", "size_classes", "slots_needed", "staging_lists"]
+__all__ = ["BATCHES_HANDED_OUT", "BLOCK_BOOKKEEPING", "DEFAULT_IO_DEPTH", "DEFAULT_PREFETCH", "FIXED_OVERHEAD",
+           "MAX_EXACT_CLASSES", "MAX_READS_IN_FLIGHT", "PLAN_ALLOWANCE", "MemoryNeed", "NodeMemory", "batch_bytes",
+           "bookkeeping_bytes", "check_reads_in_flight", "class_offsets", "demand_batch_bytes", "header_bytes",
+           "largest_batch", "largest_step_load", "live_batches", "max_local_batch", "memory_limit", "memory_need",
+           "node_memory", "plan_budgets", "plan_node_memory", "plan_pools", "pool_slots", "reserve_bytes",
+           "size_classes", "slots_needed", "staging_lists"]

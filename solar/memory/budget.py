@@ -65,11 +65,22 @@ def bookkeeping_bytes(n_samples: int, n_blocks: int, n_refs: int) -> int:
     return int(BLOCK_BOOKKEEPING * n_blocks + 8 * (n_samples + 1) + 8 * n_refs)
 
 
+#: Batches alive outside the queue: the one handed to the training loop and the one before it, which a ``for``
+#: loop still holds while it asks for the next (measured: a loop that keeps nothing has ``prefetch + 2`` alive).
+BATCHES_HANDED_OUT = 2
+
+
+def live_batches(prefetch: int = DEFAULT_PREFETCH) -> int:
+    """The most assembled batches alive at once for a loop that keeps none: ``prefetch`` waiting in the queue and
+    :data:`BATCHES_HANDED_OUT`."""
+    return int(prefetch) + BATCHES_HANDED_OUT
+
+
 def reserve_bytes(batch: int, bookkeeping: int, prefetch: int = DEFAULT_PREFETCH) -> int:
-    """Bytes of a rank's budget that are not for resident blocks: ``prefetch`` queued batches, the
-    batch the training loop holds, one batch of reads in flight (``batch`` bytes each), and the
-    bookkeeping.  ``solar.plan`` plans the residency for ``budget - reserve_bytes(...)``."""
-    return int((prefetch + 2) * batch + bookkeeping)
+    """Bytes of a rank's budget that are not for resident blocks: the :func:`live_batches` (``prefetch`` queued,
+    the one the training loop holds and the one before it), one batch of reads in flight (``batch`` bytes each),
+    and the bookkeeping.  ``solar.plan`` plans the residency for ``budget - reserve_bytes(...)``."""
+    return int((live_batches(prefetch) + 1) * batch + bookkeeping)
 
 
 def memory_limit(residency_budget: int, batch: int, bookkeeping: int) -> int:
@@ -105,8 +116,9 @@ def plan_budgets(budget: int, demand, local_batch: int, epsilon: float, layout=N
     if reserve >= budget:
         from ..layout.summary import human_bytes as hb
         raise SpecError(f"a budget of {hb(budget)} per rank leaves nothing for the buffer: "
-                        f"{DEFAULT_PREFETCH + 1 + reads} batches of {n} samples ({hb(batch)} each: "
-                        f"{DEFAULT_PREFETCH} queued, 1 in training, {reads} read in flight) and {hb(keep)} of "
+                        f"{live_batches() + reads} batches of {n} samples ({hb(batch)} each: "
+                        f"{DEFAULT_PREFETCH} queued, {BATCHES_HANDED_OUT} handed out, {reads} read in flight) and "
+                        f"{hb(keep)} of "
                         f"bookkeeping take {hb(base + ahead)}, {hb(min(base, PLAN_ALLOWANCE))} of it on top; "
                         f"raise the budget or lower the local batch" + (" or reads_in_flight" if reads > 1 else ""))
     return int(budget - reserve), int(ahead)

@@ -14,7 +14,7 @@ from typing import Dict
 
 import numpy as np
 
-from .budget import bookkeeping_bytes, memory_limit
+from .budget import bookkeeping_bytes, live_batches, memory_limit
 from .slots import pool_slots, size_classes, slots_needed
 
 
@@ -117,7 +117,7 @@ def node_memory(class_of: np.ndarray, class_bytes: np.ndarray, main: tuple, stag
         want.append(slots_needed(*args, window=max(0, int(io_depth) - 1)) if io_depth > 1 else b)
     base2, want2 = np.concatenate(base), np.concatenate(want)  # (2C,) each
     limit = L * memory_limit(int(budget), int(batch), int(bookkeeping))
-    batches = L * (int(prefetch) + 1) * int(batch)
+    batches = L * live_batches(prefetch) * int(batch)
     keep = L * int(bookkeeping)
     slots = pool_slots(base2, want2, cb2, limit - batches - keep)
     resident = int((base2[:C] * class_bytes).sum())

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .budget import DEFAULT_IO_DEPTH, DEFAULT_PREFETCH, FIXED_OVERHEAD, memory_limit
+from .budget import DEFAULT_IO_DEPTH, DEFAULT_PREFETCH, FIXED_OVERHEAD, live_batches, memory_limit
 from .slots import plan_pools, size_classes
 
 
@@ -46,7 +46,7 @@ def memory_need(rank_plan, block_nbytes: np.ndarray, *, residency_budget: int, b
     """
     class_of, class_bytes = size_classes(block_nbytes)
     limit = memory_limit(residency_budget, batch, bookkeeping)
-    batches = (int(prefetch) + 1) * int(batch)
+    batches = live_batches(prefetch) * int(batch)
     base, slots = plan_pools(class_of, class_bytes, rank_plan, window=max(0, int(io_depth) - 1),
                              room=limit - batches - bookkeeping)
     resident = int((base * class_bytes).sum())

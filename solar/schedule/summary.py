@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..layout.summary import human_bytes
-from ..memory import MemoryNeed
+from ..memory import BATCHES_HANDED_OUT, MemoryNeed
 
 
 def format_schedule(s: dict) -> str:
@@ -96,7 +96,7 @@ def format_memory(need) -> str:
     ``solar bench``)."""
     hb = human_bytes
     return (f"{hb(need.total)} (pools {hb(need.resident)} resident + {hb(need.staging)} reads in flight, "
-            f"{need.prefetch} + 1 batches {hb(need.batches)}, bookkeeping {hb(need.bookkeeping)}; "
+            f"{need.prefetch} + {BATCHES_HANDED_OUT} batches {hb(need.batches)}, bookkeeping {hb(need.bookkeeping)}; "
             f"planned for {hb(need.limit)})")
 
 
