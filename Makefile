@@ -2,7 +2,7 @@
 #   make demo   create .venv, generate a PtychoNN-style file, describe it, simulate the loading policies on it,
 #               plan a 2-rank job and benchmark the solar loader against the PyTorch baseline (cold cache),
 #               then train the PtychoNN example on 2 ranks through solar and print a one-screen report
-#   make test   create .venv, run the unit tests, then the MPI tests under mpiexec -n 2
+#   make test   create .venv, run the unit tests (on JOBS processes), then the MPI tests under mpiexec -n 2
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -10,6 +10,8 @@ DATA   ?= data/ptychonn
 NP     ?= 2
 TRAIN  ?= --epochs 2 --local-batch 16 --width 8 --depth 3
 PORT   ?= 29517
+# unit tests on this many processes (pytest-xdist): the cores, 2 to 4 (each worker imports torch: ~0.7 GB)
+JOBS   ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4; [ $$n -lt 2 ] && n=2; echo $$n)
 
 .PHONY: env demo test test-unit test-mpi clean
 
@@ -39,7 +41,7 @@ demo: env
 	    --train $(DATA)/train.jsonl --plots $(DATA)/bench.png $(DATA)/hit-rate.png $(DATA)/train-loss.png
 
 test-unit: env
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n $(JOBS) --dist loadgroup tests
 
 test-mpi: env
 	timeout 900 $(VENV)/bin/mpiexec -n $(NP) $(PY) -m pytest -q -p no:cacheprovider -m mpi tests

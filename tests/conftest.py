@@ -7,6 +7,14 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))  # for `import helpers`
 
 
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (``make test`` runs ``-n N --dist loadgroup``): the tests that start one-machine SLURM
+    clusters (and may install slurm-wlm with apt-get first) run one after another on one worker."""
+    for item in items:
+        if item.get_closest_marker("slurm") or item.name == "test_srun_ends_every_rank":
+            item.add_marker(pytest.mark.xdist_group("slurm"))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def solar_cache_dir():
     """SOLAR_CACHE_DIR (where ``solar bench`` writes its schedules) in a temporary folder, not the user's

@@ -229,8 +229,8 @@ def test_node_memory_counts_pool_staging_and_batches():
     # pool: at most 2 blocks of 100 and one of 300 resident at once; staging: one block of 100 per step
     assert slots.tolist() == [2, 1, 1, 0]
     assert (mem.resident, mem.staging, mem.ahead) == (500, 100, 0)
-    assert mem.batches == 2 * 3 * 10 and mem.bookkeeping == 14
-    assert mem.limit == 2 * (250 + 4 * 10 + 7) and mem.fits
+    assert mem.batches == 2 * 4 * 10 and mem.bookkeeping == 14  # per rank: 2 queued, 2 handed out
+    assert mem.limit == 2 * (250 + 5 * 10 + 7) and mem.fits  # ... and 1 batch of reads in flight
     assert mem.window >= 4096 + 500 + 100
 
 
