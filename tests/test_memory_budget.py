@@ -218,9 +218,10 @@ def test_whole_chunks_of_several_sizes_are_planned_so_that_the_loader_runs_them(
 
 @pytest.mark.parametrize("prefetch", [1, 2, 3])
 def test_the_batches_the_model_counts_are_the_batches_alive(datasets, tmp_path, prefetch):
-    """A ``for`` loop that keeps nothing, slower than the loader: at most :func:`solar.memory.live_batches`
-    assembled batches are alive at once (``prefetch`` waiting, the one handed out and the one before it, which the
-    loop's variable holds while it asks for the next), and the queue does reach that many."""
+    """At most :func:`solar.memory.live_batches` assembled batches are alive at once for a loop that keeps
+    nothing: ``prefetch`` waiting, the one handed out and the one before it, which a ``for`` loop's variable holds
+    while it asks for the next.  That moment is short in a ``for`` loop; held longer (the second loop), the loader
+    fills its queue meanwhile and the count reaches the bound, so the model cannot count one batch fewer."""
     import threading
     import time
     import weakref
@@ -245,11 +246,18 @@ def test_the_batches_the_model_counts_are_the_batches_alive(datasets, tmp_path, 
 
     with SolarLoader(path, layout, rank=0, prefetch=prefetch, reader="pread") as loader:
         loader.assembler.alloc = alloc
+        loader.set_epoch(0)
         steps = 0
-        for e in range(2):
-            loader.set_epoch(e)
-            for batch in loader:
-                time.sleep(0.1)  # the loader fills its queue meanwhile
-                steps += 1
-    assert steps >= 8
+        for batch in loader:
+            time.sleep(0.02)
+            steps += 1
+        assert steps >= 4 and peak[0] <= mem.live_batches(prefetch)
+        del batch  # (the loop's variable: a batch kept)
+        loader.set_epoch(1)
+        it = iter(loader)
+        before = next(it)
+        for batch in it:
+            time.sleep(0.1)  # the batch before still held: the loader fills its queue meanwhile
+            before = batch
+        del before, batch
     assert peak[0] == mem.live_batches(prefetch)
