@@ -297,3 +297,27 @@ def test_the_loader_process_ends_when_the_training_process_dies_even_if_it_forke
     else:
         os.kill(pid, signal.SIGKILL)
         pytest.fail("the loader process outlived the training process")
+
+
+@pytest.mark.parametrize("prefetch", [2, 3])
+def test_the_loader_process_sizes_its_pools_as_the_in_process_loader(tmp_path, prefetch):
+    """The child runs one batch fewer waiting, yet as many batches are alive as in-process: its pools are sized for
+    the training process's prefetch (were one batch larger at prefetch 3, over the plan's limit)."""
+    from unittest import mock
+
+    import solar.memory.budget
+    data = make_dataset(tmp_path, "ptychonn", "contiguous")
+    layout = load_layout(data)
+    n = int(layout.block_nbytes.sum())
+    keep = mem.bookkeeping_bytes(layout.n_samples, layout.block_nbytes.shape[0], layout.sample_blocks.shape[0])
+    path = str(tmp_path / "plan.h5")
+    with mock.patch.object(solar.memory.budget, "PLAN_ALLOWANCE", 0):  # a budget the pools fill
+        solar.plan(layout, world_size=2, local_batch=2, epochs=1, out=path,
+                   buffer_per_rank=int(0.6 * n / 2) + mem.reserve_bytes(mem.batch_bytes(layout, 2), keep)).close()
+    pools = {}
+    for proc in (False, True):
+        with SolarLoader(path, layout, rank=0, prefetch=prefetch, reader="pread", process=proc) as ld:
+            next(iter(ld))
+            pools[proc] = ld.buffer.pools.capacity_bytes
+            assert pools[proc] == ld.memory.pools and ld.memory.fits
+    assert pools[True] == pools[False]

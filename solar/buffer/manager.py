@@ -18,8 +18,10 @@ node's pools in a shared-memory window, its loads split over the node's ranks an
 
 Memory (:mod:`solar.memory`, the model the planner shares): the slot pools (the plan's residency, plus slots for
 reads in flight as far as the limit allows), ``prefetch`` assembled batches waiting in the
-queue and the one the training loop holds, and the per-block bookkeeping; checked against the
-memory the plan was made for before the prefetch thread starts.
+queue, the one the training loop holds and the one before it, and the per-block bookkeeping; checked against
+the memory the plan was made for before the prefetch thread starts.  ``memory_prefetch``: size the pools as if
+``prefetch`` were this (a loader process, whose queue is one batch shorter and whose training process receives
+one batch ahead: :mod:`solar.loader.process`).
 """
 from __future__ import annotations
 
@@ -68,14 +70,15 @@ class BufferManager:
     def __init__(self, rank_plan, demand: Dict[str, np.ndarray], reader, assemble: Callable[..., Any], *,
                  budget: int, prefetch: int = DEFAULT_PREFETCH, start: int = 0, stop: Optional[int] = None,
                  keep_step_stats: int = KEEP_STEP_STATS, verify: bool = True, fence: Optional[int] = None,
-                 io_depth: int = DEFAULT_IO_DEPTH, batch_bytes: int = 0, place=None, staging_limit: int = 0):
+                 io_depth: int = DEFAULT_IO_DEPTH, batch_bytes: int = 0, place=None, staging_limit: int = 0,
+                 memory_prefetch: Optional[int] = None):
         self.verify = verify
         # before the place: its pools are faulted in from then on, which holds thread starts up
         self._start_threads(reader, steps_in_flight(reader, io_depth), f"solar-io-r{rank_plan.rank}")
         try:
             place = RankPlace(rank_plan, demand, reader, budget=budget, prefetch=prefetch, start=start, stop=stop,
                               keep_step_stats=keep_step_stats, io_depth=io_depth, batch_bytes=batch_bytes,
-                              device=place, staging_limit=staging_limit)
+                              device=place, staging_limit=staging_limit, memory_prefetch=memory_prefetch)
         except BaseException:
             self._stop_io()
             raise

@@ -293,7 +293,8 @@ class NodePlace:
                 # that stale block in place of its own (wrong bytes, no error).  Kept, no later Dup gets its id.
                 _KEPT.append(self.xcomm)
                 self.xcomm = None
-        if failed:
+        if failed:  # the window is left mapped (a rank may still write into it); its pages no longer faulted in
+            self.shm.stop_populating()
             self.shm = None
             return
         freed = self.shm.free()  # gives up if a rank of the node fails while this one waits for it

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import time
-from typing import Dict
+from typing import Dict, Optional
 
 import numpy as np
 
@@ -40,7 +40,8 @@ class RankPlace:
     closed = ran_all = False  # (a node's place frees its window once; this one's pools go with it)
 
     def __init__(self, rank_plan, demand: Dict[str, np.ndarray], reader, *, budget: int, prefetch: int, start: int,
-                 stop, keep_step_stats, io_depth: int, batch_bytes: int, device=None, staging_limit: int = 0):
+                 stop, keep_step_stats, io_depth: int, batch_bytes: int, device=None, staging_limit: int = 0,
+                 memory_prefetch: Optional[int] = None):
         if prefetch < 1:
             raise BufferError(f"prefetch must be >= 1 step, got {prefetch}")
         self.plan, self.reader, self.rank = rank_plan, reader, rank_plan.rank
@@ -59,8 +60,8 @@ class RankPlace:
         self.budget = int(budget)
         self.io_depth = steps_in_flight(reader, io_depth)
         self.memory, slots, self.class_of, class_bytes = rank_memory(
-            rank_plan, demand, budget=self.budget, batch_bytes=batch_bytes, prefetch=self.prefetch,
-            io_depth=self.io_depth)
+            rank_plan, demand, budget=self.budget, batch_bytes=batch_bytes,
+            prefetch=self.prefetch if memory_prefetch is None else int(memory_prefetch), io_depth=self.io_depth)
         if device is None:  # faulted in beside the first reads, not before them (start-up counts in epoch 0)
             self.pools = SlotPools(class_bytes, slots, background=True)
         else:

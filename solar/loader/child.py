@@ -170,7 +170,9 @@ class Child:
             from .loader import SolarLoader
             header = kwargs.pop("header_sha256")
             self.segments.keep = kwargs.pop("keep_segments")
+            memory_prefetch = kwargs.pop("memory_prefetch")
             self.loader = SolarLoader(**kwargs)
+            self.loader._memory_prefetch = memory_prefetch  # the pools sized for the batches alive on both sides
             if self.loader.schedule.header_sha256 != header:
                 raise ScheduleError(f"{kwargs['schedule']} changed since the training process opened it (another "
                                     f"plan written there?): the loader process would follow another plan")

@@ -247,7 +247,7 @@ class SolarLoader:
                              verify=verify, reader_options=reader_options, epoch_fence=epoch_fence,
                              abort_on_error=False, fields=fields, verify_data="off", cpus=self.cpus,
                              switch_interval=switch_interval, header_sha256=self.schedule.header_sha256,
-                             keep_segments=live_batches(prefetch))
+                             keep_segments=live_batches(prefetch), memory_prefetch=prefetch)
                 self._proc = LoaderProcess(child, self.hooks.produce, self.rank)
             except Exception as exc:  # noqa: BLE001 - raised on every rank by agree
                 err = exc
@@ -258,6 +258,9 @@ class SolarLoader:
                                      **reader_options)  # last: nothing after it can fail
         self.epoch_log = EpochLog(self.rank)
         self.prefetch, self.as_torch, self.verify, self.epoch_fence = prefetch, as_torch, verify, epoch_fence
+        #: the prefetch the buffer's pools are sized for (None: ``prefetch``): a loader process's child runs one batch
+        #: fewer waiting and sizes them for the training process's (:mod:`solar.loader.child`)
+        self._memory_prefetch = None
         if as_torch:  # now, not at the first batch: importing torch holds the GIL ~1.5 s, which the reader
             import torch  # noqa: F401  threads would wait out in epoch 0 (measured: 1,900 against 6,200 samples/s)
         if self._proc is not None:  # the loader process started meanwhile (its imports beside torch's)
@@ -356,7 +359,8 @@ class SolarLoader:
         self.buffer = BufferManager(plan, self.demand, self.reader, self._assemble,
                                     budget=self.schedule.memory_budget, prefetch=self.prefetch, start=self.cursor,
                                     verify=self.verify, fence=fence, batch_bytes=self.batch_bytes,
-                                    place=self.buffer_device, staging_limit=self.schedule.host_staging_bytes)
+                                    place=self.buffer_device, staging_limit=self.schedule.host_staging_bytes,
+                                    memory_prefetch=self._memory_prefetch)
 
     def prepare(self) -> float:
         """Build the buffer now, before the first batch: its pools allocated (a rank's own are faulted in by a
