@@ -321,3 +321,16 @@ def test_the_loader_process_sizes_its_pools_as_the_in_process_loader(tmp_path, p
             pools[proc] = ld.buffer.pools.capacity_bytes
             assert pools[proc] == ld.memory.pools and ld.memory.fits
     assert pools[True] == pools[False]
+
+
+def test_the_bench_counts_shared_batch_memory_once():
+    """``solar bench --loader-process`` adds the loader process's RSS to the training process's without its shared
+    memory (the batch segments, which the training process maps and counts too)."""
+    import mmap
+
+    from solar.bench.solar_run import rss_bytes
+    seg = mmap.mmap(-1, 64 << 20, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)  # shmem, as a memfd segment
+    seg.write(b"\1" * (64 << 20))  # faulted in
+    full, private = rss_bytes(), rss_bytes(shmem=False)
+    assert full - private >= 64 << 20 and private > 0
+    seg.close()

@@ -18,12 +18,20 @@ def _say(log: Optional[Callable[[str], None]], text: str) -> None:
         log(text)
 
 
-def rss_bytes(pid=None) -> int:
-    """This process's (or process ``pid``'s) resident set size now (Linux /proc)."""
+def rss_bytes(pid=None, shmem: bool = True) -> int:
+    """This process's (or process ``pid``'s) resident set size now (Linux /proc).  ``shmem=False``: without its
+    resident shared memory (``RssShmem``), which another process counted already maps too (a loader process's
+    batch segments, mapped by the training process that reads them)."""
     try:
         with open(f"/proc/{pid or 'self'}/statm") as fh:
-            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except OSError:
+            rss = int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        if not shmem:
+            with open(f"/proc/{pid or 'self'}/status") as fh:
+                for line in fh:
+                    if line.startswith("RssShmem:"):
+                        rss -= int(line.split()[1]) * 1024
+        return max(rss, 0)
+    except (OSError, ValueError, IndexError):
         return 0
 
 
@@ -86,13 +94,13 @@ def run_solar(schedule_path: str, layout, *, comm, epochs: int, step_time: float
     # a loader process (process=True) reads and holds the buffer: its reads and memory count with this process's
     child = loader.process_pid
     if child:  # its interpreter and imports (the training process's were in rss0 already), not its buffer yet
-        rss0 += rss_bytes(child)
+        rss0 += rss_bytes(child, shmem=False)
 
     def read_bytes():
         return os_read_bytes() + (os_read_bytes(child) if child else 0)
 
-    def rss():
-        return rss_bytes() + (rss_bytes(child) if child else 0)
+    def rss():  # the batch segments both map counted once (in the training process, which reads all of them)
+        return rss_bytes() + (rss_bytes(child, shmem=False) if child else 0)
     out = {"reader": loader.reader_name, "reader_options": dict(reader_options or {}), "epochs": [], "warmup_s": warmup,
            "cpus": loader.cpus, "buffer_device": None if loader.buffer_device is None else str(loader.buffer_device)}
     nodes = loader.nodes is not None  # a node plan: transfers between nodes are counted too
