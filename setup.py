@@ -34,8 +34,9 @@ setup(
         "codecs": ["numcodecs>=0.12"],
         # the Lightning and Accelerate variants of the PtychoNN example (examples/)
         "frameworks": ["lightning>=2.0", "accelerate>=0.26"],
-        "test": ["pytest>=7", "pytest-xdist>=3", "hypothesis>=6", "matplotlib>=3.5", "numcodecs>=0.12", "hdf5plugin>=4.0",
-                 "deflate>=0.9", "mpi4py>=3.1",  # the MPI tests; `make test` adds the mpich extra for mpiexec
+        "test": ["pytest>=7", "pytest-xdist>=3", "hypothesis>=6", "matplotlib>=3.5", "numcodecs>=0.12",
+                 "hdf5plugin>=4.0", "deflate>=0.9",
+                 "mpi4py>=3.1",  # the MPI tests; `make test` adds the mpich extra for mpiexec
                  "lightning>=2.0", "accelerate>=0.26"],  # the examples' framework variants run in the tests
     },
     entry_points={"console_scripts": ["solar=solar.cli:main"]},

@@ -80,7 +80,8 @@ def test_plan_takes_batches_from_the_budget(datasets):
     with mock.patch.object(mem.budget, "PLAN_ALLOWANCE", 0):
         s = solar.plan(layout, world_size=2, local_batch=2, epochs=2, buffer_per_rank=budget)
         assert s.buffer_bytes == budget - mem.reserve_bytes(mem.batch_bytes(layout, 2), keep)
-        with pytest.raises(SpecError, match=r"budget of 1000 B per rank leaves nothing for the buffer: 5 batches of 2 samples"):
+        with pytest.raises(SpecError, match=r"budget of 1000 B per rank leaves nothing for the buffer: "
+                                            r"5 batches of 2 samples"):
             solar.plan(layout, world_size=2, local_batch=2, epochs=2, buffer_per_rank=1000)
 
 

@@ -308,8 +308,8 @@ class SharedPools:
     Collective over ``ncomm`` (the node's communicator; None: a node of one rank, private
     memory).  Local rank 0 allocates the whole window, the others map it
     (``Win.Shared_query(0)``).  Each rank faults the window's pages into its own page tables from a
-    :class:`~solar.buffer.pool.Populator` thread while the buffer already runs, its own share and the others' side by side, lowest
-    addresses first
+    :class:`~solar.buffer.pool.Populator` thread while the buffer already runs, its own share and the others'
+    side by side, lowest addresses first
     (where the OS cannot, it writes zeros to its share at start, as before).  Counters
     (:data:`READ`, :data:`SHARED`, :data:`RECV`, :data:`DONE`, :data:`FLAG`) have one writer each: local rank j
     writes row j.  They start at ``init`` (the step before the first), DONE at ``done_init`` where

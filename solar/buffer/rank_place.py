@@ -297,5 +297,5 @@ def _check_memory(need, rank: int) -> None:
             fix = f"lower the local batch or prefetch (each queued batch is {hb(per)}), or {fix}"
     raise BufferError(
         f"rank {rank} needs {hb(need.total)}: pools {hb(need.resident)} for the plan's resident blocks, "
-        f"{need.prefetch} + {BATCHES_HANDED_OUT} batches {hb(need.batches)}, bookkeeping {hb(need.bookkeeping)}; the plan was "
-        f"made for {hb(need.limit)} per rank: {fix}")
+        f"{need.prefetch} + {BATCHES_HANDED_OUT} batches {hb(need.batches)}, bookkeeping {hb(need.bookkeeping)}; "
+        f"the plan was made for {hb(need.limit)} per rank: {fix}")
