@@ -6,6 +6,8 @@ import threading
 
 import numpy as np
 
+from .. import aligned
+
 #: Pools of at least this many bytes are mapped with their pages faulted in at once.
 POPULATE_MIN = 8 << 20
 
@@ -14,7 +16,8 @@ def pool_memory(nbytes: int, fault_in: bool = True) -> np.ndarray:
     """uint8[nbytes] for one pool, its pages faulted in now where the OS can (Linux
     ``MAP_POPULATE``): on the development VM 768 MiB took 0.33 s that way against 1.3-3 s of
     page faults (numpy's ``empty``, 4 KiB or huge pages) spread over the first epoch's reads.
-    Small pools, and systems without ``MAP_POPULATE``, get ``numpy.empty`` (touched lazily).
+    Small pools, and systems without ``MAP_POPULATE``, get :func:`solar.aligned.empty` (touched lazily; on a
+    page boundary like a mapping's, so that copies out of the slots run at full speed).
     ``fault_in=False``: an anonymous mapping whose pages are not faulted in yet (a :class:`Populator` does it)."""
     flag = getattr(mmap, "MAP_POPULATE", 0) if fault_in else 0
     if nbytes >= POPULATE_MIN and (flag or not fault_in):
@@ -24,7 +27,7 @@ def pool_memory(nbytes: int, fault_in: bool = True) -> np.ndarray:
             pass
         else:
             return np.frombuffer(m, dtype=np.uint8)  # the array keeps the mapping alive
-    return np.empty(int(nbytes), dtype=np.uint8)
+    return aligned.empty(int(nbytes))  # slots on page boundaries, as an mmap's (see solar.aligned)
 
 
 MADV_POPULATE_WRITE = 23  # Linux >= 5.14: fault pages in writable without touching their bytes

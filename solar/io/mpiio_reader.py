@@ -38,6 +38,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from .. import aligned
 from ..errors import DecodeError, SpecError
 from ..threads import start_threads
 from .block_plan import (
@@ -242,7 +243,7 @@ class MpiioReader(BlockReader):
             for start, length, bl, rel, outs in parts:
                 # a lone block stored as its decoded bytes goes straight into the caller's array
                 alone = len(bl) == 1 and bool(direct_mask(self.layout, bl)[0])
-                buf = outs[0] if alone else np.empty(length, dtype=np.uint8)
+                buf = outs[0] if alone else aligned.empty(length)  # (on a page: solar.aligned)
                 got = self._read_at_full(fh, start, buf, bl, fp.file)
                 n += 1
                 if got < length:
@@ -287,7 +288,7 @@ class MpiioReader(BlockReader):
                 if total > _INT_MAX:  # a single chunk over 2 GiB: keep the ranks in step, fail after
                     err = err or DecodeError(f"a range of {total} bytes in {path} is too big for one MPI read")
                     parts, total = [], 0
-                buf = np.empty(total, dtype=np.uint8)
+                buf = aligned.empty(total)
                 ftype = None
                 if parts:
                     ftype = MPI.BYTE.Create_hindexed([p[1] for p in parts], [p[0] for p in parts]).Commit()

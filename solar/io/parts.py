@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from .. import aligned
 from ..layout.parts import chunks_of
 from .kernels import copy_out
 from .reader import BlockReader, ReadStats
@@ -54,7 +55,8 @@ class PartReader(BlockReader):
                 if buf.shape[0] >= nbytes:
                     return self._free.pop(i)
         # a small request (tiny data, a step of few misses) gets its own size; the others SCRATCH_BYTES, reused
-        return np.empty(nbytes if nbytes < SCRATCH_BYTES // 8 else max(nbytes, SCRATCH_BYTES), dtype=np.uint8)
+        # (on a page, as the slots the parts are copied into: see solar.aligned)
+        return aligned.empty(nbytes if nbytes < SCRATCH_BYTES // 8 else max(nbytes, SCRATCH_BYTES))
 
     def _give(self, buf: np.ndarray) -> None:
         with self._lock:
