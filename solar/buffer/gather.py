@@ -208,7 +208,7 @@ class GatherTables:
                 raise ValueError(f"batch array of field {name!r} must be C-contiguous")
         src = np.searchsorted(lay.source_start, samples, side="right") - 1
         local = samples - lay.source_start[src]
-        classes = np.unique(block_class).tolist()
+        classes = [0] if len(pools.arrays) == 1 else np.unique(block_class).tolist()
         runs = row_parts(samples.shape[0], parts if workers is not None else 1, int(self.field_bytes.sum()),
                          MIN_PART_BYTES)
 
@@ -340,11 +340,11 @@ def _memcpy(typingctx, dest, doff, src, soff, n):
 
 
 @njit(nogil=True, cache=True)
-def _box(pool, soff, dest, doff, m, cnt, sst, dstr, run, runs, nrun, record):
+def _box(pool, soff, dest, doff, m, cnt, sst, dstr, run, runs, nrun, record, idx):
     """The ``run``-byte runs of a box of ``m`` axes (counts ``cnt``, byte strides ``sst``/``dstr``): copied from
     ``pool`` into ``dest``, or with ``record`` written into ``runs`` rows ``(source, destination, bytes)`` from
-    row ``nrun`` on (rows past its end only counted), nothing copied.  Returns the new row count."""
-    idx = np.zeros(MAX_DIMS, np.int64)
+    row ``nrun`` on (rows past its end only counted), nothing copied.  Returns the new row count.  ``idx``:
+    int64[MAX_DIMS] of zeros, the position in the box (zeros again on return)."""
     while True:
         if not record:
             _memcpy(dest, doff, pool, soff, run)
@@ -388,6 +388,7 @@ def _gather_field(geo, rows, step, k, c, pool, slot_bytes, dest, runs, count, re
     cnt = np.zeros(MAX_DIMS, np.int64)
     sst = np.zeros(MAX_DIMS, np.int64)
     dstr = np.zeros(MAX_DIMS, np.int64)
+    idx = np.zeros(MAX_DIMS, np.int64)
     for i in range(samples.shape[0]):
         s, so, loc = samples[i], src[i], local[i]
         index, t0 = loc, 0
@@ -409,7 +410,8 @@ def _gather_field(geo, rows, step, k, c, pool, slot_bytes, dest, runs, count, re
             m = 0
             skip = False
             for a in range(ds_ndim[d]):
-                origin = (lin // grid_div[d, a]) % grid[d, a] * blk_shape[d, a]
+                # (integer divisions only where needed: they were most of a small row's cost)
+                origin = 0 if grid[d, a] == 1 else (lin // grid_div[d, a]) % grid[d, a] * blk_shape[d, a]
                 hi = min(origin + blk_shape[d, a], ds_shape[d, a])
                 r = roles[so, k, a]
                 if r == ROLE_INDEX:
@@ -421,8 +423,11 @@ def _gather_field(geo, rows, step, k, c, pool, slot_bytes, dest, runs, count, re
                 start, n, step = 0, ds_shape[d, a], 1
                 if r == ROLE_TIME:
                     start, n, step = t0, src_window[so], src_dt[so]
-                j_lo = max(0, -((start - origin) // step))
-                j_hi = min(n, -((start - hi) // step))
+                if step == 1:
+                    j_lo, j_hi = max(0, origin - start), min(n, hi - start)
+                else:
+                    j_lo = max(0, -((start - origin) // step))
+                    j_hi = min(n, -((start - hi) // step))
                 if j_lo >= j_hi:
                     skip = True
                     break
@@ -442,5 +447,5 @@ def _gather_field(geo, rows, step, k, c, pool, slot_bytes, dest, runs, count, re
                 d_end += (cnt[a] - 1) * dstr[a]
             if s_end > (block_slot[j] + 1) * slot_bytes or d_end > (i + 1) * field_bytes[k]:
                 return -2 - b  # geometry outside the block's slot or the sample's field: never copied
-            count[0] = _box(pool, soff, dest, doff, m, cnt, sst, dstr, run, runs, count[0], record)
+            count[0] = _box(pool, soff, dest, doff, m, cnt, sst, dstr, run, runs, count[0], record, idx)
     return -1

@@ -17,10 +17,12 @@ from typing import Dict, Optional
 
 import numpy as np
 
+from ..io.reader import ReadStats
 from ..layout.parts import extent_of, stored_once
 from ..memory import BATCHES_HANDED_OUT, bookkeeping_bytes, live_batches, memory_need
 from .pool import SlotPools
-from .steps import Booked, BufferError, BufferTotals, StepBlocks, StepStats, check_distinct, read_outside, step_blocks
+from .steps import (Booked, BufferError, BufferTotals, StepBlocks, StepStats, check_distinct, member, read_outside,
+                    step_blocks)
 from .warmup import resident_at, used_before_evicted
 
 #: Host bytes a device buffer's resume stages at once (its warm-up reads the resident blocks in parts this big).
@@ -169,7 +171,7 @@ class RankPlace:
         # where each block of this step lives now (a later step may move it; the old slot stays held)
         need = step_blocks(self.sample_ptr, self.sample_blocks, samples) if samples.size else np.unique(load)
         # misses: the loads this step uses (a plan on parts, or with neighbours, also loads blocks for later)
-        used = load[np.isin(load, need)] if load.size else load
+        used = load[member(need, load)] if load.size else load
         self._touched[need] = g
         self._touched[load] = g
         st.misses, st.bytes_loaded = int(used.shape[0]), int(self.block_nbytes[used].sum())
@@ -180,7 +182,11 @@ class RankPlace:
         extra = read_outside(self.reader, missing, self.block_nbytes, st)
         blocks = StepBlocks(g, need, self.class_of[need].astype(np.int64), slot, self.pools, self.block_nbytes, extra)
         t0 = time.perf_counter()
-        fut = io.submit(self.reader.read_blocks, load, views)
+        if load.size or getattr(self.reader, "collective", False):  # (a collective reader's call is made on every rank, also empty)
+            fut = io.submit(self.reader.read_blocks, load, views)
+        else:  # nothing to read: no hand-off to the I/O pool and back (a step of hits is ready now)
+            fut = concurrent.futures.Future()
+            fut.set_result(ReadStats())
         return Booked(g, samples, blocks, st, fut, t0, pending)
 
     def idle(self, q, booked, g_book: int, wait_s: float, idle_s: float) -> bool:

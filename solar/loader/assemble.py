@@ -56,6 +56,7 @@ class BatchAssembler:
         self.gather = bool(gather) and self.tables.ok
         self.shapes = _only(layout.field_shapes(0), self.fields) if layout.n_samples else {}
         self.dtypes = _only(layout.field_dtypes(), self.fields) if layout.n_samples else {}
+        self._geometry: dict = {}  # batch size -> where each field lies in the batch's one allocation
 
     def _empty(self, shape, dtype):
         if self.pin:
@@ -75,12 +76,18 @@ class BatchAssembler:
         """
         if self.pin:
             return {k: self._empty((n, *self.shapes[k]), self.dtypes[k]) for k in self.shapes}
-        sizes = [n * int(np.prod(self.shapes[k], dtype=np.int64)) * self.dtypes[k].itemsize for k in self.shapes]
-        starts = np.concatenate([[0], np.cumsum([-(-z // 64) * 64 for z in sizes])])
+        geo = self._geometry.get(n)
+        if geo is None:  # (per batch size: most steps have one)
+            sizes = [n * int(np.prod(self.shapes[k], dtype=np.int64)) * self.dtypes[k].itemsize for k in self.shapes]
+            starts = [0]
+            for z in sizes:
+                starts.append(starts[-1] + -(-z // 64) * 64)
+            geo = self._geometry[n] = [(k, a, a + z, self.dtypes[k], (n, *self.shapes[k]))
+                                       for k, a, z in zip(self.shapes, starts, sizes)], starts[-1]
+        fields, total = geo
         # on a page boundary: rows copied from the pools' page-aligned slots at a slow distance otherwise
-        raw = aligned.empty(int(starts[-1])) if self.alloc is None else self.alloc(int(starts[-1]))
-        return {k: raw[int(a):int(a) + z].view(self.dtypes[k]).reshape((n, *self.shapes[k]))
-                for k, a, z in zip(self.shapes, starts[:-1].tolist(), sizes)}
+        raw = aligned.empty(total) if self.alloc is None else self.alloc(total)
+        return {k: raw[a:b].view(dt).reshape(shape) for k, a, b, dt, shape in fields}
 
     def __call__(self, step: int, samples: np.ndarray, lookup: Callable[[int], np.ndarray]) -> Dict[str, object]:
         n = int(samples.shape[0])
