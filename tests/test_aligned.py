@@ -86,3 +86,44 @@ def test_part_reader_scratch_starts_on_a_page(tmp_path):
         for n in (10, 5000, 9 << 20):
             buf = r._scratch(n)
             assert buf.shape[0] >= n and aligned.offset(buf) == 0
+
+
+def test_a_batch_let_go_of_is_reused_and_one_still_held_is_not(layout):
+    """Recycled batch memory: a batch whose arrays are all gone gives its memory to the next batch of that size;
+    one that is still referred to (a view of one field, a torch tensor of it) keeps its memory and its values."""
+    import torch
+    asm = BatchAssembler(layout)
+    a = asm._empty_batch(7)
+    addr = aligned_addr(a)
+    del a
+    b = asm._empty_batch(7)
+    assert aligned_addr(b) == addr and asm.recycled.reused == 1
+    for v in b.values():
+        v[...] = 3
+    held = torch.from_numpy(b["X_train"])[2]  # a view of one row of one field: the whole batch stays
+    del b
+    c = asm._empty_batch(7)
+    assert aligned_addr(c) != addr and asm.recycled.reused == 1
+    for v in c.values():
+        v[...] = 5
+    assert bool((held == 3).all())
+    del held
+    d = asm._empty_batch(7)
+    assert aligned_addr(d) == addr and asm.recycled.reused == 2
+    assert aligned.offset(next(iter(d.values()))) == 0
+
+
+def test_at_most_keep_batches_are_kept(layout):
+    asm = BatchAssembler(layout)
+    batches = [asm._empty_batch(5) for _ in range(6)]
+    del batches
+    assert asm.recycled._count == asm.recycled.KEEP
+    again = [asm._empty_batch(5) for _ in range(6)]
+    assert asm.recycled.reused == asm.recycled.KEEP and asm.recycled._count == 0
+    del again
+    asm.close()
+    assert asm.recycled._count == 0
+
+
+def aligned_addr(batch) -> int:
+    return int(next(iter(batch.values())).__array_interface__["data"][0])

@@ -1,7 +1,9 @@
 """Build a step's local batch from resident decoded blocks (the layout's side of the buffer)."""
 from __future__ import annotations
 
+import threading
 import warnings
+import weakref
 from typing import Callable, Dict, Optional, Sequence
 
 import numpy as np
@@ -43,7 +45,7 @@ class BatchAssembler:
             raise SpecError(f"cpus must be an integer >= 1 (cores for batch assembly), got {cpus!r}")
         self.cpus = cpus
         self._pool = None
-        #: ``alloc(nbytes) -> uint8 array``: where a batch's one allocation comes from (None: ``numpy.empty``; a
+        #: ``alloc(nbytes) -> uint8 array``: where a batch's one allocation comes from (None: :attr:`recycled`; a
         #: loader process's shared-memory segments, :mod:`solar.loader.child`)
         self.alloc: Optional[Callable[[int], np.ndarray]] = None
         self.layout = layout
@@ -57,6 +59,8 @@ class BatchAssembler:
         self.shapes = _only(layout.field_shapes(0), self.fields) if layout.n_samples else {}
         self.dtypes = _only(layout.field_dtypes(), self.fields) if layout.n_samples else {}
         self._geometry: dict = {}  # batch size -> where each field lies in the batch's one allocation
+        #: the memory of batches the caller has let go of, handed out again (:class:`Recycled`)
+        self.recycled = Recycled()
 
     def _empty(self, shape, dtype):
         if self.pin:
@@ -68,10 +72,10 @@ class BatchAssembler:
     def _empty_batch(self, n: int) -> Dict[str, np.ndarray]:
         """``{field: array (n, *shape)}``: views into one allocation (64-byte aligned fields).
 
-        One large block instead of a few: glibc keeps reusing it (a field-sized block is
-        returned to the kernel and faulted in again, 4 KiB at a time, on every batch) and
-        numpy asks for huge pages above 4 MiB.  It starts on a page (:mod:`solar.aligned`: a
-        copy whose destination is a few bytes past its source modulo 4 KiB runs 3-5x slower).
+        One large block instead of a few, from :class:`Recycled` (the memory of a batch the caller let
+        go of, else a new allocation; numpy asks for huge pages above 4 MiB).  It starts on a page
+        (:mod:`solar.aligned`: a copy whose destination is a few bytes past its source modulo 4 KiB runs
+        3-5x slower).
         Pinned batches get one tensor per field (pinned memory starts on a page).
         """
         if self.pin:
@@ -85,8 +89,7 @@ class BatchAssembler:
             geo = self._geometry[n] = [(k, a, a + z, self.dtypes[k], (n, *self.shapes[k]))
                                        for k, a, z in zip(self.shapes, starts, sizes)], starts[-1]
         fields, total = geo
-        # on a page boundary: rows copied from the pools' page-aligned slots at a slow distance otherwise
-        raw = aligned.empty(total) if self.alloc is None else self.alloc(total)
+        raw = self.recycled.take(total) if self.alloc is None else self.alloc(total)
         return {k: raw[a:b].view(dt).reshape(shape) for k, a, b, dt, shape in fields}
 
     def __call__(self, step: int, samples: np.ndarray, lookup: Callable[[int], np.ndarray]) -> Dict[str, object]:
@@ -132,7 +135,9 @@ class BatchAssembler:
                 pass
 
     def close(self) -> None:
-        """End the assembly threads (a closed assembler makes them again if called)."""
+        """End the assembly threads (a closed assembler makes them again if called) and drop the memory kept for
+        reuse."""
+        self.recycled.clear()
         pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=True)
@@ -158,6 +163,57 @@ class BatchAssembler:
                 info = lay.datasets[d]
                 blk = lookup(b).view(np.dtype(info.dtype)).reshape(lay.block_shapes[d])
                 place_block(dest[name], sel, origin, blk, info.shape)
+
+
+class Recycled:
+    """Batch memory handed out again once nothing refers to the batch any more.
+
+    :meth:`take` returns a uint8 array on a page boundary (:mod:`solar.aligned`) that is the base of every array
+    made from it (numpy views, ``torch.from_numpy`` tensors and their views all keep it alive).  When the last of
+    them goes, its memory joins a short free list (at most ``keep`` allocations, :data:`KEEP`), and the next
+    :meth:`take` of that size gets it.  A batch larger than glibc's largest mmap threshold (32 MiB) is otherwise a
+    new mapping each time, all its pages faulted in and zeroed while it is gathered; smaller ones come back from
+    the heap with some of their pages returned to the kernel.  The kept memory is within the memory model's
+    batches: a dropped batch is one of the two it counts as handed out (:data:`solar.memory.BATCHES_HANDED_OUT`).
+    """
+
+    KEEP = 2
+
+    def __init__(self, keep: int = KEEP):
+        self.keep = int(keep)
+        self._lock = threading.Lock()
+        self._free: Dict[int, list] = {}
+        self._count = 0
+        self.reused = 0  # takes served from the free list (tests, benchmarks)
+
+    def take(self, nbytes: int) -> np.ndarray:
+        buf = None
+        with self._lock:
+            lst = self._free.get(nbytes)
+            if lst:
+                buf = lst.pop()
+                self._count -= 1
+                self.reused += 1
+        if buf is None:
+            buf = aligned.empty(nbytes)
+        # a new array object over buf (not a view of it: numpy would make buf the views' base): the batch's
+        # arrays are views of this one, which lives exactly as long as the last of them
+        lease = np.frombuffer(memoryview(buf), dtype=np.uint8)
+        weakref.finalize(lease, self._give, buf)
+        return lease
+
+    def _give(self, buf: np.ndarray) -> None:
+        with self._lock:
+            if self._count < self.keep:
+                self._free.setdefault(buf.shape[0], []).append(buf)
+                self._count += 1
+
+    def clear(self) -> None:
+        """Drop the memory kept (batches still held by the caller are not touched; their memory is kept again
+        when they go, up to ``keep``)."""
+        with self._lock:
+            self._free.clear()
+            self._count = 0
 
 
 def _only(per_field: dict, names) -> dict:
