@@ -127,3 +127,35 @@ def test_at_most_keep_batches_are_kept(layout):
 
 def aligned_addr(batch) -> int:
     return int(next(iter(batch.values())).__array_interface__["data"][0])
+
+
+@pytest.mark.parametrize("fraction", [0.5, 1.5])
+def test_batches_held_by_the_loop_keep_their_values_while_others_are_recycled(tmp_path, fraction):
+    """A training loop that keeps a view of some batches (a row of one field, as a torch tensor) and drops the
+    others: every batch it took, and every view it kept, equals h5py's samples at the end (recycled memory is
+    only ever memory nothing refers to), and memory was in fact reused."""
+    import torch
+
+    from helpers import h5py_sample
+
+    from solar.loader import SolarLoader
+    data = make_dataset(tmp_path, "ptychonn", samples=40, size=16)
+    plan = str(tmp_path / "plan.h5")
+    solar.plan(data, world_size=1, local_batch=4, epochs=2, buffer_fraction=fraction, out=plan).close()
+    lay = solar.load_layout(data)
+    kept = []
+    with SolarLoader(plan, data, as_torch=True) as loader, solar.Schedule.load(plan) as s:
+        for e in range(2):
+            loader.set_epoch(e)
+            for g, batch in enumerate(loader):
+                ids = s.batch(e, g, 0)
+                assert batch["index"].tolist() == ids.tolist()
+                for i, sid in enumerate(ids.tolist()):
+                    for k, v in h5py_sample(lay, sid).items():
+                        assert torch.equal(batch[k][i], torch.from_numpy(v)), (e, g, k)
+                if g % 3 == 0:
+                    kept.append((int(ids[1]), batch["Y_phi_train"][1]))
+        reused = loader.assembler.recycled.reused
+    for sid, row in kept:
+        assert torch.equal(row, torch.from_numpy(h5py_sample(lay, sid)["Y_phi_train"])), sid
+    assert reused > 0
