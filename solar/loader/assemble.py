@@ -181,7 +181,9 @@ class Recycled:
 
     def __init__(self, keep: int = KEEP):
         self.keep = int(keep)
-        self._lock = threading.Lock()
+        # reentrant: a finalizer may run inside a locked section (the garbage collector, started by an allocation
+        # there, frees a batch caught in a reference cycle on the same thread)
+        self._lock = threading.RLock()
         self._free: Dict[int, list] = {}
         self._count = 0
         self.reused = 0  # takes served from the free list (tests, benchmarks)
