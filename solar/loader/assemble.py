@@ -170,11 +170,14 @@ class Recycled:
 
     :meth:`take` returns a uint8 array on a page boundary (:mod:`solar.aligned`) that is the base of every array
     made from it (numpy views, ``torch.from_numpy`` tensors and their views all keep it alive).  When the last of
-    them goes, its memory joins a short free list (at most ``keep`` allocations, :data:`KEEP`), and the next
-    :meth:`take` of that size gets it.  A batch larger than glibc's largest mmap threshold (32 MiB) is otherwise a
-    new mapping each time, all its pages faulted in and zeroed while it is gathered; smaller ones come back from
-    the heap with some of their pages returned to the kernel.  The kept memory is within the memory model's
-    batches: a dropped batch is one of the two it counts as handed out (:data:`solar.memory.BATCHES_HANDED_OUT`).
+    them goes, its memory joins a short free list (at most ``keep`` allocations, :data:`KEEP`; when it is full the
+    smallest is let go), and the next :meth:`take` gets the smallest kept allocation that is large enough (batch
+    sizes vary: the last step of an epoch, ``epsilon``); a take that none fits lets go of them all.  A batch larger
+    than glibc's largest mmap threshold (32 MiB) is otherwise a new mapping each time, all its pages faulted in and
+    zeroed while it is gathered; smaller ones come back from the heap with some of their pages returned to the
+    kernel.  The kept memory is within the memory model's batches: a dropped batch is one of the two it counts
+    as handed out (:data:`solar.memory.BATCHES_HANDED_OUT`), no larger than the largest batch.  After
+    :meth:`clear` nothing is kept any more.
     """
 
     KEEP = 2
@@ -184,38 +187,47 @@ class Recycled:
         # reentrant: a finalizer may run inside a locked section (the garbage collector, started by an allocation
         # there, frees a batch caught in a reference cycle on the same thread)
         self._lock = threading.RLock()
-        self._free: Dict[int, list] = {}
-        self._count = 0
+        self._free: list = []  # kept allocations (uint8 arrays on pages), any sizes
+        self._closed = False
         self.reused = 0  # takes served from the free list (tests, benchmarks)
+
+    @property
+    def kept_bytes(self) -> int:
+        with self._lock:
+            return sum(b.shape[0] for b in self._free)
 
     def take(self, nbytes: int) -> np.ndarray:
         buf = None
         with self._lock:
-            lst = self._free.get(nbytes)
-            if lst:
-                buf = lst.pop()
-                self._count -= 1
+            fits = [i for i, b in enumerate(self._free) if b.shape[0] >= nbytes]
+            if fits:
+                buf = self._free.pop(min(fits, key=lambda i: self._free[i].shape[0]))
                 self.reused += 1
+            else:  # none large enough: the kept ones would only sit beside a new allocation
+                self._free.clear()
         if buf is None:
             buf = aligned.empty(nbytes)
         # a new array object over buf (not a view of it: numpy would make buf the views' base): the batch's
         # arrays are views of this one, which lives exactly as long as the last of them
-        lease = np.frombuffer(memoryview(buf), dtype=np.uint8)
-        weakref.finalize(lease, self._give, buf)
+        lease = np.frombuffer(memoryview(buf)[:nbytes], dtype=np.uint8)
+        done = weakref.finalize(lease, self._give, buf)
+        done.atexit = False  # (nothing to give back to at exit)
         return lease
 
     def _give(self, buf: np.ndarray) -> None:
         with self._lock:
-            if self._count < self.keep:
-                self._free.setdefault(buf.shape[0], []).append(buf)
-                self._count += 1
+            if self._closed:
+                return
+            self._free.append(buf)
+            while len(self._free) > self.keep:  # (a loop: a nested call may have added one meanwhile)
+                self._free.pop(min(range(len(self._free)), key=lambda i: self._free[i].shape[0]))
 
     def clear(self) -> None:
-        """Drop the memory kept (batches still held by the caller are not touched; their memory is kept again
-        when they go, up to ``keep``)."""
+        """Let go of the memory kept, and keep none from now on (batches still held by the caller are not
+        touched)."""
         with self._lock:
             self._free.clear()
-            self._count = 0
+            self._closed = True
 
 
 def _only(per_field: dict, names) -> dict:
