@@ -182,7 +182,8 @@ class RankPlace:
         extra = read_outside(self.reader, missing, self.block_nbytes, st)
         blocks = StepBlocks(g, need, self.class_of[need].astype(np.int64), slot, self.pools, self.block_nbytes, extra)
         t0 = time.perf_counter()
-        if load.size or getattr(self.reader, "collective", False):  # (a collective reader's call is made on every rank, also empty)
+        # (a collective reader's call is made on every rank, also an empty one)
+        if load.size or getattr(self.reader, "collective", False):
             fut = io.submit(self.reader.read_blocks, load, views)
         else:  # nothing to read: no hand-off to the I/O pool and back (a step of hits is ready now)
             fut = concurrent.futures.Future()
