@@ -3,8 +3,9 @@
 A ``memcpy`` whose destination lies a few bytes *after* its source modulo 4 KiB (``(dst - src) % 4096`` in
 1..31 here) runs 3-5x slower on x86 than at any other distance (4K aliasing of the loads against the
 stores just made, and ``rep movsb``'s short-distance case).  Pool slots start on page boundaries, while
-``numpy.empty`` returns what ``malloc`` gives: 16 bytes past a page for every large allocation.  A batch
-gathered from the pools into such memory copied every row at that worst distance (measured on the
+``numpy.empty`` returns what ``malloc`` gives: 16 bytes past a page for every allocation glibc maps (all of
+those over 32 MiB), anywhere in the heap for the others.  A batch gathered from the pools into mapped memory
+copied every row at that worst distance (measured on the
 development VM, AMD EPYC, glibc 2.36: 4 KiB rows 1.3-1.5 against 4.3-5.6 GB/s, 64 KiB rows 1.8-2.3
 against 9-11 GB/s; ``docs/runtime.md``, "Batches on page boundaries").  Buffers from :func:`empty` start
 on a page, so a copy between them and a slot is at a distance that is a multiple of the 64-byte
