@@ -120,6 +120,34 @@ def test_gather_on_several_cores_equals_one(resident, preset, storage, data, mon
         many.close()
 
 
+@pytest.mark.parametrize("preset,storage", CASES, ids=[f"{p}-{s}" for p, s in CASES])
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_gather_of_all_fields_in_one_call_equals_field_by_field(resident, preset, storage, data):
+    """A batch in one allocation (``flat``: every field in one kernel call) against each field on its own (the
+    path of pinned batches), bit for bit, on one core and on several."""
+    import solar.buffer.gather as gather
+    layout, outs = resident(preset, storage)
+    n = data.draw(st.integers(1, layout.n_samples), label="batch")
+    samples = np.array(data.draw(st.permutations(range(layout.n_samples)))[:n], dtype=np.int64)
+    sb = _step_blocks(layout, outs, samples, np.random.default_rng(data.draw(st.integers(0, 2**31), label="seed")))
+    asm = BatchAssembler(layout, cpus=data.draw(st.integers(1, 3), label="cpus"))
+    try:
+        one, flat = asm._new_batch(n)
+        apart = {k: np.zeros_like(v) for k, v in one.items()}
+        t, old = asm.tables, gather.MIN_PART_BYTES
+        gather.MIN_PART_BYTES = 1
+        try:
+            t.gather(samples, sb.blocks, sb.block_class, sb.block_slot, sb.pools, one, asm._workers(), asm.cpus, flat)
+            t.gather(samples, sb.blocks, sb.block_class, sb.block_slot, sb.pools, apart, asm._workers(), asm.cpus)
+        finally:
+            gather.MIN_PART_BYTES = old
+        _same_bits(one, apart)
+        assert np.shares_memory(one[t.fields[0]], flat[0])
+    finally:
+        asm.close()
+
+
 def test_row_parts():
     from solar.buffer.gather import row_parts
     assert row_parts(128, 4, 196608) == [(0, 32), (32, 64), (64, 96), (96, 128)]

@@ -282,9 +282,9 @@ def demand_dict(d):
 @given(n=st.integers(16, 40), spb=st.integers(1, 3), bps=st.integers(1, 3), b=st.integers(1, 3),
        frac=st.sampled_from([0.3, 0.6]), policy=st.sampled_from(["solar-node", "solar-peer"]),
        prefetch=st.integers(1, 3), io_depth=st.integers(1, 4), split=st.sampled_from(sorted(READ_SPLITS)),
-       L_pick=st.integers(0, 1))
+       L_pick=st.integers(0, 1), overlap=st.booleans())
 def test_random_plans_deliver_every_block_intact(comm, n, spb, bps, b, frac, policy, prefetch, io_depth, split,
-                                                  L_pick):
+                                                  L_pick, overlap):
     P = comm.size
     L = [1, P][L_pick] if P > 1 else 1
     d = Demand.synthetic(n, 96, samples_per_block=spb, blocks_per_sample=bps)
@@ -294,9 +294,13 @@ def test_random_plans_deliver_every_block_intact(comm, n, spb, bps, b, frac, pol
     reader = PatternReader(d.block_nbytes, d.block_stored, seed=comm.rank)
     err, got = None, []
     try:  # no collective after the manager's: a rank that fails here must meet the others at the allgather
-        with NodeBufferManager(plan, comm.rank, demand_dict(d), reader, lambda g, s, lk: check_lookup(g, s, lk, d),
-                               comm=comm, budget=cfg.buffer_bytes, prefetch=prefetch, io_depth=io_depth,
-                               read_split=split, timeout=60) as mgr:
+        def assemble(g, s, lk):  # with overlap (the assembly in a thread of its own), one that takes a while
+            if overlap:
+                time.sleep(0.001 * (g % 3))
+            return check_lookup(g, s, lk, d)
+        with NodeBufferManager(plan, comm.rank, demand_dict(d), reader, assemble, comm=comm, budget=cfg.buffer_bytes,
+                               prefetch=prefetch, io_depth=io_depth, read_split=split, timeout=60,
+                               overlap=overlap) as mgr:
             for g in range(plan.n_steps):
                 got.append(mgr.get(g))
         assert mgr.totals.plan_violations == 0

@@ -48,8 +48,10 @@ def _plan(tmp_path, n, f, b, epochs, seed, spb=1):
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(n=st.integers(24, 80), f=st.sampled_from([0.3, 0.5, 0.8]), b=st.integers(2, 5), seed=st.integers(0, 99),
-       spb=st.sampled_from([1, 2]), prefetch=st.integers(1, 3), io_depth=st.integers(1, 4))
-def test_no_step_gathers_an_overwritten_slot(tmp_path_factory, n, f, b, seed, spb, prefetch, io_depth):
+       spb=st.sampled_from([1, 2]), prefetch=st.integers(1, 3), io_depth=st.integers(1, 4), overlap=st.booleans())
+def test_no_step_gathers_an_overwritten_slot(tmp_path_factory, n, f, b, seed, spb, prefetch, io_depth, overlap):
+    """Also with the assembly in a thread of its own (``overlap``), where the next steps are booked and read while a
+    step is assembled: each assembly takes a while, and checks its blocks after it."""
     tmp = tmp_path_factory.mktemp("release")
     try:
         path = _plan(tmp, n, f, b, 2, seed, spb)
@@ -61,6 +63,8 @@ def test_no_step_gathers_an_overwritten_slot(tmp_path_factory, n, f, b, seed, sp
         bad = []
 
         def assemble(g, samples, lookup):  # every block of every sample still holds its own bytes
+            if overlap:
+                time.sleep(0.001 * (g % 3))  # later steps' reads land meanwhile
             for smp in samples.tolist():
                 for blk in blocks[ptr[smp]:ptr[smp + 1]].tolist():
                     v = lookup(int(blk))
@@ -68,7 +72,7 @@ def test_no_step_gathers_an_overwritten_slot(tmp_path_factory, n, f, b, seed, sp
                         bad.append((g, blk))
             return g
         with BufferManager(rp, d, TaggedReader(seed, 0.004), assemble, budget=s.memory_budget, prefetch=prefetch,
-                           io_depth=io_depth) as bm:
+                           io_depth=io_depth, overlap=overlap) as bm:
             for g in range(rp.n_steps):
                 assert bm.get(g) == g
                 if g % 3 == 0:

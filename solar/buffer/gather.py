@@ -187,7 +187,7 @@ class GatherTables:
         self._set_geometry()
 
     def gather(self, samples: np.ndarray, blocks: np.ndarray, block_class: np.ndarray, block_slot: np.ndarray,
-               pools, out: dict[str, np.ndarray], workers=None, parts: int = 1) -> None:
+               pools, out: dict[str, np.ndarray], workers=None, parts: int = 1, flat=None) -> None:
         """Fill ``out[field]`` (C-contiguous, shape (n, *field shape)) for ``samples`` (int64[n]).
 
         ``blocks`` int64[m] ascending: the step's resident blocks; ``block_class``/``block_slot``
@@ -200,6 +200,11 @@ class GatherTables:
         samples are split into up to ``parts`` runs of rows (:func:`row_parts`), the first gathered by the
         calling thread and each other by one worker, into its own rows of ``out``; the kernel holds no GIL,
         so the runs are copied on as many cores at once.
+
+        ``flat``: ``(raw, starts)`` where every ``out[field]`` is a view of one uint8 array ``raw`` starting at byte
+        ``starts[k]`` (int64, in :attr:`fields` order; :class:`~solar.loader.assemble.BatchAssembler`'s batches):
+        all fields are then copied in one kernel call per run of rows (one hand-back of the GIL instead of one
+        per field).
         """
         lay = self.layout
         samples = np.ascontiguousarray(samples, dtype=np.int64)
@@ -214,6 +219,10 @@ class GatherTables:
 
         def rows(lo_hi):
             lo, hi = lo_hi
+            if flat is not None:
+                self._gather_flat(samples[lo:hi], src[lo:hi], local[lo:hi], blocks, block_class, block_slot, pools,
+                                  flat[0], flat[1] + lo * self.field_bytes, classes)
+                return
             self._gather_rows(samples[lo:hi], src[lo:hi], local[lo:hi], blocks, block_class, block_slot, pools,
                               {k: v[lo:hi] for k, v in out.items()}, classes)
         if len(runs) == 1:
@@ -239,10 +248,26 @@ class GatherTables:
                 dest = out[name].reshape(-1).view(np.uint8)
                 self._field(k, c, rows, step, flat, slot_bytes, dest, _NO_RUNS, np.zeros(1, np.int64), False)
 
+    def _gather_flat(self, samples, src, local, blocks, block_class, block_slot, pools, raw, starts, classes) -> None:
+        if self.geometry is None:
+            raise ValueError(f"this layout cannot be gathered in one call: {self.why}")
+        rows, step = Rows(samples, src, local), _resident(blocks, block_class, block_slot)
+        starts = np.ascontiguousarray(starts, dtype=np.int64)
+        for c in classes:
+            k, missing = _gather_fields(self.geometry, rows, step, c, pools.arrays[c].reshape(-1),
+                                        int(pools.class_bytes[c]), raw, starts)
+            if missing != -1:
+                self._missing(int(k), int(missing))
+
     def _field(self, k, c, rows: Rows, step: Resident, flat, slot_bytes, dest, runs, count, record) -> None:
         if self.geometry is None:
             raise ValueError(f"this layout cannot be gathered in one call: {self.why}")
         missing = _gather_field(self.geometry, rows, step, k, c, flat, slot_bytes, dest, runs, count, record)
+        if missing != -1:
+            self._missing(k, missing)
+
+    def _missing(self, k: int, missing: int) -> None:
+        """ValueError for the kernel's code ``missing`` (see :func:`_gather_field`) on field ``k``."""
         name = self.fields[k]
         if missing >= 0:
             raise ValueError(f"block {missing} of field {name!r} is not among the step's blocks")
@@ -259,6 +284,8 @@ class GatherTables:
         z = np.zeros(0, np.int64)
         _gather_field(self.geometry, Rows(z, z, z), Resident(z, z, z), 0, 0, np.zeros(0, np.uint8), 0,
                       np.zeros(0, np.uint8), _NO_RUNS, np.zeros(1, np.int64), False)
+        _gather_fields(self.geometry, Rows(z, z, z), Resident(z, z, z), 0, np.zeros(0, np.uint8), 0,
+                       np.zeros(0, np.uint8), np.zeros(len(self.fields), np.int64))
 
     def runs(self, samples: np.ndarray, blocks: np.ndarray, block_class: np.ndarray, block_slot: np.ndarray,
              class_bytes) -> list:
@@ -449,3 +476,17 @@ def _gather_field(geo, rows, step, k, c, pool, slot_bytes, dest, runs, count, re
                 return -2 - b  # geometry outside the block's slot or the sample's field: never copied
             count[0] = _box(pool, soff, dest, doff, m, cnt, sst, dstr, run, runs, count[0], record, idx)
     return -1
+
+
+@njit(nogil=True, cache=True)
+def _gather_fields(geo, rows, step, c, pool, slot_bytes, raw, starts):
+    """Every field of every row, as :func:`_gather_field` per field ``k``, into ``raw`` (uint8) from byte
+    ``starts[k]`` on: one call (one hand-back of the GIL) for all fields.  Returns ``(k, code)``: ``(-1, -1)``,
+    or the first field whose :func:`_gather_field` returned ``code`` != -1 (fields after it not copied)."""
+    runs = np.zeros((0, 3), np.int64)
+    count = np.zeros(1, np.int64)
+    for k in range(starts.shape[0]):
+        missing = _gather_field(geo, rows, step, k, c, pool, slot_bytes, raw[starts[k]:], runs, count, False)
+        if missing != -1:
+            return k, missing
+    return -1, -1

@@ -11,6 +11,12 @@ called in the prefetch thread while the step's blocks are resident::
 ``lookup`` is a :class:`StepBlocks`: it also gives the step's blocks and their slots as
 arrays, for assembly in one call per field (:mod:`solar.buffer.gather`).
 
+With ``overlap``, steps are assembled in a thread of their own (one at a time, in order), which hands each
+batch to the consumer, while the prefetch thread books the next steps and queues each step for assembly as
+soon as its blocks are in: a step costs the longer of its booking and its assembly instead of their sum.
+``finish(step, samples, out)`` (None: ``out`` as it is) runs in the prefetch thread on what ``assemble``
+made before the consumer gets it (what stays in that thread: a transform, the start of a copy to a GPU).
+
 One manager, one per-step loop (:meth:`BufferManager._loop`); where the pools live and who loads is its
 *place*: a rank's pools in process or device memory (:class:`~solar.buffer.rank_place.RankPlace`), or a
 node's pools in a shared-memory window, its loads split over the node's ranks and blocks sent between nodes
@@ -71,8 +77,10 @@ class BufferManager:
                  budget: int, prefetch: int = DEFAULT_PREFETCH, start: int = 0, stop: Optional[int] = None,
                  keep_step_stats: int = KEEP_STEP_STATS, verify: bool = True, fence: Optional[int] = None,
                  io_depth: int = DEFAULT_IO_DEPTH, batch_bytes: int = 0, place=None, staging_limit: int = 0,
-                 memory_prefetch: Optional[int] = None):
+                 memory_prefetch: Optional[int] = None, overlap: bool = False,
+                 finish: Optional[Callable[[int, np.ndarray, Any], Any]] = None):
         self.verify = verify
+        self._overlap = bool(overlap) and place is None  # (a device place's gathers are queued from one thread)
         # before the place: its pools are faulted in from then on, which holds thread starts up
         self._start_threads(reader, steps_in_flight(reader, io_depth), f"solar-io-r{rank_plan.rank}")
         try:
@@ -82,12 +90,12 @@ class BufferManager:
         except BaseException:
             self._stop_io()
             raise
-        self._begin(place, assemble, keep_step_stats, fence)
+        self._begin(place, assemble, keep_step_stats, fence, finish)
         self._start()
 
-    def _begin(self, place, assemble, keep_step_stats: int, fence: Optional[int]):
+    def _begin(self, place, assemble, keep_step_stats: int, fence: Optional[int], finish=None):
         """The state every place shares: the plan's range, the consumer's queue, the fence."""
-        self.place, self.assemble = place, assemble
+        self.place, self.assemble, self.finish = place, assemble, finish
         self.plan, self.reader, self.memory, self.pools = place.plan, place.reader, place.memory, place.pools
         self.start, self.stop, self.prefetch, self.io_depth = place.start, place.stop, place.prefetch, place.io_depth
         self._error_cls, self._what = place.error_cls, place.what
@@ -106,26 +114,31 @@ class BufferManager:
         self._error: Optional[BaseException] = None
         self._closed = False
         self._booked: Deque[Booked] = deque()  # steps booked, not yet assembled (oldest first)
+        self._making: Deque = deque()  # with overlap: (Booked, Future) of the steps queued for the assembly thread
 
     def _start_threads(self, reader, io_depth: int, name: str):
         """Start the threads the first step uses (the reader's workers, ``io_depth`` of the I/O pool) now, not one
         at a time in the middle of that step (:mod:`solar.threads`).  A failure is kept for the prefetch thread,
         which raises it as any other (to the consumer; a node's other ranks are told)."""
         from concurrent.futures import ThreadPoolExecutor
-        self._io, self._start_error = None, None
+        self._io, self._stage, self._start_error = None, None, None
         try:
             start = getattr(reader, "start", None)  # a BlockReader's; test doubles may have none
             if start is not None:
                 start()
             self._io = ThreadPoolExecutor(io_depth, thread_name_prefix=name)
             start_threads(self._io, io_depth)
+            if getattr(self, "_overlap", False):
+                self._stage = ThreadPoolExecutor(1, thread_name_prefix=name.replace("-io-", "-assemble-"))
+                start_threads(self._stage, 1)
         except Exception as exc:  # noqa: BLE001 - see above
             self._start_error = exc
 
     def _stop_io(self):
-        if self._io is not None:
-            self._io.shutdown(wait=True)
-            self._io = None
+        for pool in (self._io, self._stage):
+            if pool is not None:
+                pool.shutdown(wait=True)
+        self._io = self._stage = None
 
     def _start(self):
         self._thread = threading.Thread(target=self._run, name=f"solar-{self.place.kind}prefetch-r{self.place.rank}",
@@ -236,18 +249,21 @@ class BufferManager:
             if self._closed:
                 raise Closed
             progressed = P.poll(booked)
+            while self._making and self._making[0][1].done():  # assembled in the assembly thread
+                self._made()
+                progressed = True
             if booked and P.ready(booked[0]):  # assemble the oldest step once its blocks are in and there is room
                 with self._cv:
                     room = booked[0].g - self._next_get < self.prefetch
                 if room:
                     self._assemble(booked.popleft())
                     progressed = True
-            if g_book >= self.stop and not booked and P.drained():
+            if g_book >= self.stop and not booked and not self._making and P.drained():
                 return
             if g_book < self.stop:  # book the next step: reads in flight and queue bounded, the place has room
                 with self._cv:
                     ahead = self._may_read_ahead(g_book, booked)
-                if ahead and P.may_book(g_book, booked):
+                if ahead and P.may_book(g_book, booked or self._making):  # (steps whose slots will come back)
                     item = P.book(g_book, io)
                     if refused_at is not None:
                         item.stats.book_wait_s = time.perf_counter() - refused_at
@@ -275,10 +291,37 @@ class BufferManager:
 
     def _assemble(self, item: Booked):
         self.place.before_assemble(item)
+        if self._overlap:  # queued for the assembly thread; this one goes on booking (see _made)
+            fut = self._stage.submit(self._make, item, self.finish is None)
+            self._making.append((item, fut))
+            fut.add_done_callback(self._wake)
+            return
+        self._hand_over(item, self._make(item, False))
+        self.place.assembled(item.g)
+
+    def _make(self, item: Booked, hand_over: bool):
+        """``assemble`` on step ``item``'s blocks (timed: its ``assemble_s``); with ``hand_over``, queued for the
+        consumer at once."""
         t1 = time.perf_counter()
         out = self.assemble(item.g, item.samples, item.blocks)
         item.stats.assemble_s = time.perf_counter() - t1
+        if hand_over:
+            self._hand_over(item, out)
+        return out
+
+    def _made(self):
+        """Prefetch thread: the oldest step queued for the assembly thread is assembled (or its assembly raised:
+        raised here); ``finish`` if the consumer does not have it yet, and its slots may go."""
+        item, fut = self._making.popleft()
+        out = fut.result()
+        if self.finish is not None:
+            self._hand_over(item, out)
+        self.place.assembled(item.g)
+
+    def _hand_over(self, item: Booked, out):
+        """``finish`` on the assembled step (in the prefetch thread), queued for the consumer."""
+        if self.finish is not None:
+            out = self.finish(item.g, item.samples, out)
         with self._cv:
             self._ready[item.g], self._stats[item.g] = out, item.stats
             self._cv.notify_all()
-        self.place.assembled(item.g)

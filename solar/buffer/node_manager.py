@@ -26,8 +26,8 @@ class NodeBufferManager(BufferManager):
     :meth:`close`, :meth:`fail`, ``totals`` (a :class:`NodeTotals`).
 
     ``demand``: ``{"sample_ptr", "sample_blocks", "block_nbytes", "block_stored"}`` (a layout's);
-    ``reader``: an independent :class:`~solar.io.BlockReader`; ``assemble(step, samples, lookup)``
-    as for BufferManager.  ``comm``: the job's communicator (``comm.Get_size()`` =
+    ``reader``: an independent :class:`~solar.io.BlockReader`; ``assemble(step, samples, lookup)``,
+    ``overlap`` and ``finish`` as for BufferManager.  ``comm``: the job's communicator (``comm.Get_size()`` =
     ``node_plan.nodes.world_size``, rank ``rank``); None only for a plan of one rank.  ``budget``:
     the per-rank residency budget the plan was made for (the node's is ``ranks_per_node`` x it);
     ``batch_bytes``: one assembled batch (0 when ``assemble`` makes nothing sizeable).  The node's
@@ -43,14 +43,16 @@ class NodeBufferManager(BufferManager):
                  comm=None, budget: int, prefetch: int = DEFAULT_PREFETCH, start: int = 0,
                  stop: Optional[int] = None, io_depth: int = DEFAULT_IO_DEPTH, batch_bytes: int = 0,
                  read_split: str = DEFAULT_READ_SPLIT, keep_step_stats: int = BufferManager.KEEP_STEP_STATS,
-                 fence: Optional[int] = None, timeout: Optional[float] = None):
+                 fence: Optional[int] = None, timeout: Optional[float] = None, overlap: bool = False,
+                 finish: Optional[Callable[[int, np.ndarray, Any], Any]] = None):
         from ..mpi import agree
         err = None
+        self._overlap = bool(overlap)
         self._start_threads(reader, io_depth, f"solar-node-io-r{rank}")
         try:
             place = NodePlace(node_plan, rank, demand, reader, comm, budget, prefetch, start, stop, io_depth,
                               batch_bytes, read_split, keep_step_stats, timeout)
-            self._begin(place, assemble, keep_step_stats, fence)
+            self._begin(place, assemble, keep_step_stats, fence, finish)
         except Exception as exc:  # noqa: BLE001 - raised on every rank by agree
             err = exc
         try:

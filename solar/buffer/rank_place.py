@@ -135,7 +135,8 @@ class RankPlace:
 
     def may_book(self, g: int, booked) -> bool:
         """Evict what step g evicts (once), then take the slots of its loads; False while the pools are full and
-        steps in flight will give slots back once assembled (none in flight: MemoryError, it cannot fit)."""
+        steps in flight (``booked``: non-empty while any is booked or being assembled) will give slots back once
+        assembled (none in flight: MemoryError, it cannot fit)."""
         if self._evicted < g:
             self._step = self.plan.step(g)
             self._evict(g, np.asarray(self._step.evict, np.int64))
@@ -200,7 +201,9 @@ class RankPlace:
                 if not (g_book < q.stop and q._may_read_ahead(g_book, booked) and self._refused != g_book):
                     q._cv.wait(0.5)
                 return False
-        concurrent.futures.wait([booked[0].fut])
+        making = getattr(q, "_making", None)  # (or the oldest step in the assembly thread: its slots may go then)
+        concurrent.futures.wait([booked[0].fut] + ([making[0][1]] if making else []),
+                                return_when=concurrent.futures.FIRST_COMPLETED)
         return False
 
     def close(self, q):

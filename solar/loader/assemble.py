@@ -70,7 +70,11 @@ class BatchAssembler:
         return np.empty(shape, dtype=dtype)
 
     def _empty_batch(self, n: int) -> Dict[str, np.ndarray]:
-        """``{field: array (n, *shape)}``: views into one allocation (64-byte aligned fields).
+        return self._new_batch(n)[0]
+
+    def _new_batch(self, n: int):
+        """``({field: array (n, *shape)}, flat)``: views into one allocation (64-byte aligned fields), and ``flat``
+        ``(that allocation, int64 start of each field in the gather's field order)`` (None for pinned batches).
 
         One large block instead of a few, from :class:`Recycled` (the memory of a batch the caller let
         go of, else a new allocation; numpy asks for huge pages above 4 MiB).  It starts on a page
@@ -79,18 +83,20 @@ class BatchAssembler:
         Pinned batches get one tensor per field (pinned memory starts on a page).
         """
         if self.pin:
-            return {k: self._empty((n, *self.shapes[k]), self.dtypes[k]) for k in self.shapes}
+            return {k: self._empty((n, *self.shapes[k]), self.dtypes[k]) for k in self.shapes}, None
         geo = self._geometry.get(n)
         if geo is None:  # (per batch size: most steps have one)
             sizes = [n * int(np.prod(self.shapes[k], dtype=np.int64)) * self.dtypes[k].itemsize for k in self.shapes]
             starts = [0]
             for z in sizes:
                 starts.append(starts[-1] + -(-z // 64) * 64)
+            at = dict(zip(self.shapes, starts))
             geo = self._geometry[n] = [(k, a, a + z, self.dtypes[k], (n, *self.shapes[k]))
-                                       for k, a, z in zip(self.shapes, starts, sizes)], starts[-1]
-        fields, total = geo
+                                       for k, a, z in zip(self.shapes, starts, sizes)], starts[-1], \
+                np.array([at.get(k, 0) for k in getattr(self.tables, "fields", ())], np.int64)
+        fields, total, at = geo
         raw = self.recycled.take(total) if self.alloc is None else self.alloc(total)
-        return {k: raw[a:b].view(dt).reshape(shape) for k, a, b, dt, shape in fields}
+        return {k: raw[a:b].view(dt).reshape(shape) for k, a, b, dt, shape in fields}, (raw, at)
 
     def __call__(self, step: int, samples: np.ndarray, lookup: Callable[[int], np.ndarray]) -> Dict[str, object]:
         n = int(samples.shape[0])
@@ -101,14 +107,15 @@ class BatchAssembler:
                 raise SpecError(f"a buffer on a device needs the gather path, which this layout cannot take "
                                 f"({self.tables.why or 'gather=False'})")
             return pools.gather(self.tables, samples, lookup, n, self.shapes, self.dtypes)
+        flat = None
         if self.uniform:
-            out = self._empty_batch(n)
+            out, flat = self._new_batch(n)
         else:
             out = {k: [None] * n for k in self.fields}
         if self.gather and getattr(lookup, "in_pools", False):
             t = self.tables
             t.gather(samples, lookup.blocks, lookup.block_class, lookup.block_slot, lookup.pools, out,
-                     workers=self._workers(), parts=self.cpus)
+                     workers=self._workers(), parts=self.cpus, flat=flat)
             t.to_native(out)
             return out
         self._place_each(samples, lookup, out)

@@ -325,12 +325,17 @@ class SolarLoader:
         self.cursor = g
 
     def _assemble(self, step, samples, lookup):
+        return self.hooks.produce(step, self._batch(step, samples, lookup))
+
+    def _batch(self, step, samples, lookup):
+        """Step ``step``'s batch with its sample ids, before the hooks (with ``overlap``, in the buffer's assembly
+        thread; the hooks run in its prefetch thread)."""
         out = self.assembler(step, samples, lookup)
         if self.buffer_device is not None:  # a DeviceBatch: handed over in __iter__, the ids on the host
             out.host["index"] = samples
             return out
         out["index"] = samples
-        return self.hooks.produce(step, out)
+        return out
 
     def _start_buffer(self):
         if self._proc is not None:  # the loader process starts its buffer at the cursor
@@ -345,6 +350,9 @@ class SolarLoader:
             plan = self.windows.rank_plan(w)
             self.windows.prepare(w + 1)
         fence = self.S if self.epoch_fence else None
+        # with more than one core, a step's batch is assembled beside the booking of the next steps
+        overlap = self.cpus > 1 and self.buffer_device is None
+        finish = (lambda g, samples, out: self.hooks.produce(g, out)) if self.hooks.active else None
         if self.buffer_device is None:  # its threads started before the buffer's (solar.threads)
             try:
                 self.assembler.start()
@@ -352,15 +360,16 @@ class SolarLoader:
                 pass
         if self.nodes is not None:  # collective over comm: every rank starts its buffer at the same step
             from ..buffer.node_manager import NodeBufferManager
-            self.buffer = NodeBufferManager(plan, self.rank, self.demand, self.reader, self._assemble, comm=self.comm,
+            self.buffer = NodeBufferManager(plan, self.rank, self.demand, self.reader, self._batch, comm=self.comm,
                                             budget=self.schedule.memory_budget, prefetch=self.prefetch,
-                                            start=self.cursor, fence=fence, batch_bytes=self.batch_bytes)
+                                            start=self.cursor, fence=fence, batch_bytes=self.batch_bytes,
+                                            overlap=overlap, finish=finish)
             return
-        self.buffer = BufferManager(plan, self.demand, self.reader, self._assemble,
+        self.buffer = BufferManager(plan, self.demand, self.reader, self._batch,
                                     budget=self.schedule.memory_budget, prefetch=self.prefetch, start=self.cursor,
                                     verify=self.verify, fence=fence, batch_bytes=self.batch_bytes,
                                     place=self.buffer_device, staging_limit=self.schedule.host_staging_bytes,
-                                    memory_prefetch=self._memory_prefetch)
+                                    memory_prefetch=self._memory_prefetch, overlap=overlap, finish=finish)
 
     def prepare(self) -> float:
         """Build the buffer now, before the first batch: its pools allocated (a rank's own are faulted in by a

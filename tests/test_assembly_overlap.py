@@ -1,0 +1,144 @@
+"""A step's batch assembled in a thread of its own while the prefetch thread books the next steps
+(``BufferManager(overlap=True)``, the loader's default with more than one core): the same batches, in order, as
+assembling in the prefetch thread; the hooks (transforms, the device copy) still run in the prefetch thread; an
+assembly that raises ends the loop with an error at that step.  That no slot is reused while a step is being
+assembled is checked by the property tests of tests/test_slot_release.py and tests/test_node_buffer.py, which
+run with and without ``overlap``."""
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import solar
+from solar.buffer import BufferManager
+from solar.buffer.steps import BufferError
+from solar.loader import SolarLoader
+from solar.scheduler import Demand
+
+from helpers import h5py_sample, make_dataset
+
+
+def _check(layout, batch):
+    for i, s in enumerate(np.asarray(batch["index"]).tolist()):
+        for k, v in h5py_sample(layout, s).items():
+            np.testing.assert_array_equal(np.asarray(batch[k][i]), v, err_msg=f"sample {s} field {k}")
+
+
+@pytest.mark.parametrize("preset,storage", [("ptychonn", "contiguous"), ("ptychonn", "gzip"), ("well", "chunked"),
+                                            ("cosmoflow", "chunked")])
+def test_batches_are_the_same_with_the_assembly_beside_the_booking(tmp_path, preset, storage):
+    data = make_dataset(tmp_path, preset, storage)
+    layout = solar.load_layout(data)
+    path = str(tmp_path / "plan.h5")
+    per_sample = int(layout.per_sample_sum(layout.block_nbytes).max())
+    budget = max(int(0.5 * layout.block_nbytes.sum() / 2), 16 * per_sample)  # half the data, or a few batches
+    solar.plan(layout, world_size=2, local_batch=3, epochs=2, buffer_per_rank=budget, out=path).close()
+    threads = set()
+
+    def transform(batch):  # runs in the prefetch thread whatever the cpus
+        threads.add(threading.current_thread().name)
+        return dict(batch, n=len(batch["index"]))
+    for r in range(2):
+        runs = {}
+        for cpus, tf in ((1, None), (2, None), (3, None), (2, transform)):
+            with SolarLoader(path, layout, rank=r, cpus=cpus, as_torch=False, transform=tf, prefetch=2) as loader:
+                loader.prepare()
+                assert loader.buffer._overlap == (cpus > 1)
+                got = []
+                for e in range(2):
+                    loader.set_epoch(e)
+                    for batch in loader:
+                        _check(layout, batch)
+                        if tf is not None:
+                            assert batch["n"] == len(batch["index"])
+                        got.append({k: np.array(v) for k, v in batch.items() if k != "n"})
+                st = loader.stats()
+                assert st["plan_violations"] == 0
+                runs[(cpus, tf is not None)] = (got, st["misses"], st["hits"], st["bytes_loaded"])
+        ref = runs[(1, False)]
+        for key, (got, *counts) in runs.items():
+            assert counts == list(ref[1:]), key
+            assert len(got) == len(ref[0])
+            for a, b in zip(got, ref[0]):
+                assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a), key
+    assert threads and all(t.startswith("solar-prefetch") for t in threads), threads
+
+
+def _synthetic(tmp_path, n=48, b=4, f=0.4):
+    d = Demand.synthetic(n, 4096)
+    s = solar.plan(d, world_size=1, local_batch=b, epochs=2, buffer_fraction=f, out=str(tmp_path / "p.h5"))
+    return s, d
+
+
+class _Reader:
+    collective = False
+
+    def read_blocks(self, blocks, out):
+        from types import SimpleNamespace
+        for b, v in zip(np.asarray(blocks).tolist(), out):
+            v[:] = b % 251
+        return SimpleNamespace(n_reads=len(out), bytes_read=sum(v.nbytes for v in out))
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_where_assembly_and_finish_run(tmp_path, overlap):
+    s, d = _synthetic(tmp_path)
+    names, fin, blocks = [], [], []
+
+    def assemble(g, samples, lookup):
+        names.append(threading.current_thread().name)
+        time.sleep(0.001)
+        blocks.append(all(int(lookup(int(b))[0]) == int(b) % 251 for b in lookup.blocks.tolist()))
+        return g
+
+    def finish(g, samples, out):
+        fin.append(threading.current_thread().name)
+        return (out, g)
+    rp = s.rank(0)
+    with BufferManager(rp, s.demand(), _Reader(), assemble, budget=s.memory_budget, prefetch=2, overlap=overlap,
+                       finish=finish) as bm:
+        assert [bm.get(g) for g in range(rp.n_steps)] == [(g, g) for g in range(rp.n_steps)]
+        assert bm.totals.steps == rp.n_steps and bm.totals.plan_violations == 0
+    assert all(blocks) and len(blocks) == rp.n_steps
+    assert all(n.startswith("solar-prefetch") for n in fin)
+    if overlap:
+        assert all("assemble" in n for n in names), set(names)
+    else:
+        assert all(n.startswith("solar-prefetch") for n in names), set(names)
+    s.close()
+
+
+def test_an_assembly_that_raises_ends_the_loop_at_its_step(tmp_path):
+    s, d = _synthetic(tmp_path)
+
+    def assemble(g, samples, lookup):
+        if g == 3:
+            raise RuntimeError("gather broke")
+        return g
+    rp = s.rank(0)
+    bm = BufferManager(rp, s.demand(), _Reader(), assemble, budget=s.memory_budget, prefetch=2, overlap=True)
+    try:
+        assert [bm.get(g) for g in range(3)] == [0, 1, 2]
+        with pytest.raises(BufferError, match="gather broke"):
+            bm.get(3)
+    finally:
+        t0 = time.monotonic()
+        bm.close()
+        assert time.monotonic() - t0 < 10
+    assert bm._stage is None and not bm._thread.is_alive()
+    s.close()
+
+
+def test_a_device_buffer_assembles_in_the_prefetch_thread(tmp_path):
+    pytest.importorskip("torch")
+    data = make_dataset(tmp_path, "ptychonn", "contiguous")
+    layout = solar.load_layout(data)
+    path = str(tmp_path / "plan.h5")
+    per_sample = int(layout.per_sample_sum(layout.block_nbytes).max())
+    solar.plan(layout, world_size=1, local_batch=4, epochs=1, out=path,
+               buffer_per_rank=max(int(0.5 * layout.block_nbytes.sum()), 24 * per_sample)).close()
+    with SolarLoader(path, layout, cpus=2, buffer_device="cpu", prefetch=2) as loader:
+        loader.prepare()
+        assert loader.buffer._overlap is False and loader.buffer._stage is None
+        assert sum(len(b["index"]) for b in loader) == layout.n_samples
