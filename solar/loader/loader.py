@@ -89,7 +89,10 @@ class SolarLoader:
     ``sample_transform`` or ``device`` (the batches are on ``buffer_device`` already).
 
     ``cpus``: the cores the loader may keep busy for batch assembly (default: this rank's share, its CPU
-    affinity divided by the ranks on its node, :func:`solar.topology.cpus_of_this_rank`); ``threads`` stays
+    affinity divided by the ranks on its node, :func:`solar.topology.cpus_of_this_rank`).  With more than one,
+    a step's batch is assembled in a thread of its own while the prefetch thread books and reads the next
+    steps (:class:`~solar.buffer.BufferManager`'s ``overlap``), and large batches are split into runs of rows
+    gathered on ``cpus`` threads at once.  ``threads`` stays
     the reader's I/O depth (requests in flight: the ``pread`` reader's threads, or, with its native AIO, the
     reads in flight of each step's read call).  ``switch_interval`` (seconds, default
     :data:`~solar.loader.gil.DEFAULT_SWITCH_INTERVAL`, 0.5 ms; None or 0: leave Python's 5 ms): while the
