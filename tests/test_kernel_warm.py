@@ -1,5 +1,5 @@
 """A loader's ``prepare()`` loads the GIL-free read and gather kernels (numba's cache) that its first step
-calls, so the first step's reads and assembly do not wait for them, and it loads exactly the code those calls
+calls, so the first step's booking, reads and assembly do not wait for them, and it loads exactly the code those calls
 take: in a fresh process, after ``prepare()`` each kernel holds one compiled signature, and taking batches adds
 none (a warm-up of other argument types would leave the real call to load its own)."""
 from __future__ import annotations
@@ -19,13 +19,13 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = r"""
 import json, sys
 from solar.io import aio, kernels
-from solar.buffer import gather
+from solar.buffer import book, gather
 from solar.loader import SolarLoader
 
 def sigs():
     return {k: [str(s) for s in d.signatures] for k, d in (("read", kernels.read_direct_ranges),
             ("inflate", kernels.inflate_direct_ranges), ("aio", aio.aio_read_ranges),
-            ("gather", gather._gather_field))}
+            ("gather", gather._gather_field), ("gather_all", gather._gather_fields), ("book", book._step_need))}
 
 with SolarLoader(sys.argv[1], sys.argv[2], reader_options={"direct_io": True, "aio": sys.argv[3] == "1"}) as loader:
     loader.prepare()
@@ -64,5 +64,6 @@ def test_prepare_loads_the_kernels_the_first_step_calls(tmp_path, storage, aio):
     warm, after = got["warm"], got["after"]
     kernel = "inflate" if storage == "gzip" and solar.io.kernels.LIBDEFLATE else "aio" if aio else "read"
     assert len(warm[kernel]) == 1 and len(warm["gather"]) == 1, warm
+    assert len(warm["gather_all"]) == 1 and len(warm["book"]) == 1, warm  # (the batch's fields in one call; booking)
     assert len(warm["aio"]) == int(aio), warm  # loaded where the reader uses it, only there
     assert after == warm, (warm, after)

@@ -262,7 +262,7 @@ class GatherTables:
     def _field(self, k, c, rows: Rows, step: Resident, flat, slot_bytes, dest, runs, count, record) -> None:
         if self.geometry is None:
             raise ValueError(f"this layout cannot be gathered in one call: {self.why}")
-        missing = _gather_field(self.geometry, rows, step, k, c, flat, slot_bytes, dest, runs, count, record)
+        missing = _gather_field(self.geometry, rows, step, k, c, flat, slot_bytes, dest, 0, runs, count, record)
         if missing != -1:
             self._missing(k, missing)
 
@@ -283,7 +283,7 @@ class GatherTables:
             return
         z = np.zeros(0, np.int64)
         _gather_field(self.geometry, Rows(z, z, z), Resident(z, z, z), 0, 0, np.zeros(0, np.uint8), 0,
-                      np.zeros(0, np.uint8), _NO_RUNS, np.zeros(1, np.int64), False)
+                      np.zeros(0, np.uint8), 0, _NO_RUNS, np.zeros(1, np.int64), False)
         _gather_fields(self.geometry, Rows(z, z, z), Resident(z, z, z), 0, np.zeros(0, np.uint8), 0,
                        np.zeros(0, np.uint8), np.zeros(len(self.fields), np.int64))
 
@@ -396,11 +396,11 @@ def _box(pool, soff, dest, doff, m, cnt, sst, dstr, run, runs, nrun, record, idx
 
 
 @njit(nogil=True, cache=True)
-def _gather_field(geo, rows, step, k, c, pool, slot_bytes, dest, runs, count, record):
+def _gather_field(geo, rows, step, k, c, pool, slot_bytes, dest, dbase, runs, count, record):
     """Field ``k`` of every row (``rows``: :class:`Rows`), from the step's blocks (``step``: :class:`Resident`)
     of class ``c``, which live in ``pool`` (uint8, ``slot_bytes`` a slot): copied into ``dest`` (the field's
-    flat bytes), or with ``record`` the copies listed in ``runs`` (``count[0]`` of them; see :func:`_box`),
-    nothing copied.  ``geo``: the layout's :class:`Geometry`.
+    flat bytes from byte ``dbase`` on), or with ``record`` the copies listed in ``runs`` (``count[0]`` of them;
+    see :func:`_box`), nothing copied.  ``geo``: the layout's :class:`Geometry`.
 
     Returns -1; or a block id >= 0 that is not in the step's blocks; or -2 - block id for a piece
     whose bytes would fall outside its slot or its sample's field (nothing of it copied).
@@ -433,7 +433,7 @@ def _gather_field(geo, rows, step, k, c, pool, slot_bytes, dest, runs, count, re
                 continue
             lin = b - ds_block_start[d]
             soff = block_slot[j] * slot_bytes
-            doff = i * field_bytes[k]
+            doff = dbase + i * field_bytes[k]
             m = 0
             skip = False
             for a in range(ds_ndim[d]):
@@ -472,7 +472,7 @@ def _gather_field(geo, rows, step, k, c, pool, slot_bytes, dest, runs, count, re
             for a in range(m):
                 s_end += (cnt[a] - 1) * sst[a]
                 d_end += (cnt[a] - 1) * dstr[a]
-            if s_end > (block_slot[j] + 1) * slot_bytes or d_end > (i + 1) * field_bytes[k]:
+            if s_end > (block_slot[j] + 1) * slot_bytes or d_end > dbase + (i + 1) * field_bytes[k]:
                 return -2 - b  # geometry outside the block's slot or the sample's field: never copied
             count[0] = _box(pool, soff, dest, doff, m, cnt, sst, dstr, run, runs, count[0], record, idx)
     return -1
@@ -486,7 +486,7 @@ def _gather_fields(geo, rows, step, c, pool, slot_bytes, raw, starts):
     runs = np.zeros((0, 3), np.int64)
     count = np.zeros(1, np.int64)
     for k in range(starts.shape[0]):
-        missing = _gather_field(geo, rows, step, k, c, pool, slot_bytes, raw[starts[k]:], runs, count, False)
+        missing = _gather_field(geo, rows, step, k, c, pool, slot_bytes, raw, starts[k], runs, count, False)
         if missing != -1:
             return k, missing
     return -1, -1

@@ -20,9 +20,9 @@ import numpy as np
 from ..io.reader import ReadStats
 from ..layout.parts import extent_of, stored_once
 from ..memory import BATCHES_HANDED_OUT, bookkeeping_bytes, live_batches, memory_need
+from .book import step_need
 from .pool import SlotPools
-from .steps import (Booked, BufferError, BufferTotals, StepBlocks, StepStats, check_distinct, member, read_outside,
-                    step_blocks)
+from .steps import Booked, BufferError, BufferTotals, StepBlocks, StepStats, check_distinct, read_outside
 from .warmup import resident_at, used_before_evicted
 
 #: Host bytes a device buffer's resume stages at once (its warm-up reads the resident blocks in parts this big).
@@ -79,12 +79,16 @@ class RankPlace:
         # the last step booked that reads or uses each block (-1: none since the start; a resume's warm-up reads
         # are done before the first step is booked)
         self._touched = np.full(self.block_nbytes.shape[0], -1, dtype=np.int64)
+        self._mark = np.full(self.block_nbytes.shape[0], -1, dtype=np.int64)  # step_need's scratch
         self._evicted = self.start - 1     # the last step whose evictions are done
         self._step = None                  # the plan's step being booked (its evictions done)
         self._alloc_for = None             # (step, load, views, pending): its slots taken, its reads not submitted
         self._refused = -1                 # the last step whose slots did not fit yet (waits for a step to assemble)
         self.staging_limit = int(staging_limit) if getattr(self.pools, "on_device", False) else 0
         self._staged: Dict[int, int] = {}  # step -> host bytes of its misses staged (device pools), until committed
+        z = np.zeros(0, np.int64)  # step_need's machine code loaded now, not in the first step (nothing written)
+        step_need(-1, self.sample_ptr, self.sample_blocks, z, z, self.slot_of, self.class_of, self.block_nbytes,
+                  self._touched, self._mark)
 
     @property
     def resident_bytes(self) -> int:
@@ -169,19 +173,13 @@ class RankPlace:
         st = StepStats(g, samples=int(sp.samples.shape[0]))
         st.stored_bytes = stored_once(self.block_stored, self.extent, load)
         samples = np.asarray(sp.samples, dtype=np.int64)
-        # where each block of this step lives now (a later step may move it; the old slot stays held)
-        need = step_blocks(self.sample_ptr, self.sample_blocks, samples) if samples.size else np.unique(load)
-        # misses: the loads this step uses (a plan on parts, or with neighbours, also loads blocks for later)
-        used = load[member(need, load)] if load.size else load
-        self._touched[need] = g
-        self._touched[load] = g
-        st.misses, st.bytes_loaded = int(used.shape[0]), int(self.block_nbytes[used].sum())
-        slot = self.slot_of[need]
-        missing = need[slot < 0]
-        st.hits = int(need.shape[0] - used.shape[0] - missing.shape[0])
-        st.hit_bytes = int(self.block_nbytes[need].sum() - st.bytes_loaded - self.block_nbytes[missing].sum())
-        extra = read_outside(self.reader, missing, self.block_nbytes, st)
-        blocks = StepBlocks(g, need, self.class_of[need].astype(np.int64), slot, self.pools, self.block_nbytes, extra)
+        # where each block of this step lives now (a later step may move it; the old slot stays held); misses: the
+        # loads this step uses (a plan on parts, or with neighbours, also loads blocks for later)
+        nd = step_need(g, self.sample_ptr, self.sample_blocks, samples, load, self.slot_of, self.class_of,
+                       self.block_nbytes, self._touched, self._mark)
+        st.misses, st.bytes_loaded, st.hits, st.hit_bytes = nd.misses, nd.bytes_loaded, nd.hits, nd.hit_bytes
+        extra = read_outside(self.reader, nd.missing, self.block_nbytes, st)
+        blocks = StepBlocks(g, nd.blocks, nd.block_class, nd.block_slot, self.pools, self.block_nbytes, extra)
         t0 = time.perf_counter()
         # (a collective reader's call is made on every rank, also an empty one)
         if load.size or getattr(self.reader, "collective", False):
