@@ -4,7 +4,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from solar.buffer.steps import member, sorted_unique, step_blocks
+from solar.buffer.steps import sorted_unique, step_blocks
 
 ids = st.lists(st.integers(0, 60), max_size=40)
 
@@ -40,15 +40,6 @@ def test_step_blocks_are_the_distinct_blocks_of_the_samples(t):
 def test_sorted_unique_is_numpy_unique(x):
     x = np.array(x, dtype=np.int64)
     np.testing.assert_array_equal(sorted_unique(x), np.unique(x))
-
-
-@settings(max_examples=300, deadline=None)
-@given(ids, ids)
-def test_member_is_numpy_isin(a, x):
-    a, x = np.unique(np.array(a, dtype=np.int64)), np.array(x, dtype=np.int64)
-    got = member(a, x)
-    assert got.dtype == bool and got.shape == x.shape
-    np.testing.assert_array_equal(got, np.isin(x, a))
 
 
 @settings(max_examples=300, deadline=None)

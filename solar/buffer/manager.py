@@ -82,7 +82,8 @@ class BufferManager:
         self.verify = verify
         self._overlap = bool(overlap) and place is None  # (a device place's gathers are queued from one thread)
         # before the place: its pools are faulted in from then on, which holds thread starts up
-        self._start_threads(reader, steps_in_flight(reader, io_depth), f"solar-io-r{rank_plan.rank}")
+        self._start_threads(reader, steps_in_flight(reader, io_depth), f"solar-io-r{rank_plan.rank}",
+                            self._overlap)
         try:
             place = RankPlace(rank_plan, demand, reader, budget=budget, prefetch=prefetch, start=start, stop=stop,
                               keep_step_stats=keep_step_stats, io_depth=io_depth, batch_bytes=batch_bytes,
@@ -116,10 +117,11 @@ class BufferManager:
         self._booked: Deque[Booked] = deque()  # steps booked, not yet assembled (oldest first)
         self._making: Deque = deque()  # with overlap: (Booked, Future) of the steps queued for the assembly thread
 
-    def _start_threads(self, reader, io_depth: int, name: str):
-        """Start the threads the first step uses (the reader's workers, ``io_depth`` of the I/O pool) now, not one
-        at a time in the middle of that step (:mod:`solar.threads`).  A failure is kept for the prefetch thread,
-        which raises it as any other (to the consumer; a node's other ranks are told)."""
+    def _start_threads(self, reader, io_depth: int, name: str, overlap: bool):
+        """Start the threads the first step uses (the reader's workers, ``io_depth`` of the I/O pool, with
+        ``overlap`` the assembly thread) now, not one at a time in the middle of that step (:mod:`solar.threads`).
+        A failure is kept for the prefetch thread, which raises it as any other (to the consumer; a node's other
+        ranks are told)."""
         from concurrent.futures import ThreadPoolExecutor
         self._io, self._stage, self._start_error = None, None, None
         try:
@@ -128,7 +130,7 @@ class BufferManager:
                 start()
             self._io = ThreadPoolExecutor(io_depth, thread_name_prefix=name)
             start_threads(self._io, io_depth)
-            if getattr(self, "_overlap", False):
+            if overlap:
                 self._stage = ThreadPoolExecutor(1, thread_name_prefix=name.replace("-io-", "-assemble-"))
                 start_threads(self._stage, 1)
         except Exception as exc:  # noqa: BLE001 - see above

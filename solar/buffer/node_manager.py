@@ -48,7 +48,7 @@ class NodeBufferManager(BufferManager):
         from ..mpi import agree
         err = None
         self._overlap = bool(overlap)
-        self._start_threads(reader, io_depth, f"solar-node-io-r{rank}")
+        self._start_threads(reader, io_depth, f"solar-node-io-r{rank}", self._overlap)
         try:
             place = NodePlace(node_plan, rank, demand, reader, comm, budget, prefetch, start, stop, io_depth,
                               batch_bytes, read_split, keep_step_stats, timeout)

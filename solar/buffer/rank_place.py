@@ -199,7 +199,7 @@ class RankPlace:
                 if not (g_book < q.stop and q._may_read_ahead(g_book, booked) and self._refused != g_book):
                     q._cv.wait(0.5)
                 return False
-        making = getattr(q, "_making", None)  # (or the oldest step in the assembly thread: its slots may go then)
+        making = q._making  # (or the oldest step in the assembly thread: its slots may go then)
         concurrent.futures.wait([booked[0].fut] + ([making[0][1]] if making else []),
                                 return_when=concurrent.futures.FIRST_COMPLETED)
         return False

@@ -112,16 +112,6 @@ def sorted_unique(x: np.ndarray) -> np.ndarray:
     return x[keep]
 
 
-def member(sorted_ids: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """bool[len(x)]: which of ``x`` are in ``sorted_ids`` (ascending, distinct): ``numpy.isin`` for these
-    arrays, which builds a table as long as their range of ids (about 0.1 ms a step)."""
-    if not sorted_ids.shape[0]:
-        return np.zeros(x.shape[0], dtype=bool)
-    pos = np.searchsorted(sorted_ids, x)
-    np.minimum(pos, sorted_ids.shape[0] - 1, out=pos)
-    return sorted_ids[pos] == x
-
-
 def check_distinct(g: int, blocks: np.ndarray, verb: str) -> None:
     """BufferError when a step's plan names a block twice in one list (a damaged plan)."""
     if blocks.shape[0] > 1:
