@@ -130,6 +130,98 @@ def test_an_assembly_that_raises_ends_the_loop_at_its_step(tmp_path):
     s.close()
 
 
+@pytest.mark.parametrize("overlap", [False, True])
+def test_batches_assembled_before_a_failure_are_handed_out_first(tmp_path, overlap):
+    """A consumer slower than the buffer: step 3's assembly fails while steps 0-2 wait assembled in the queue.  They
+    are handed out, in order, and the error comes at step 3 (before, at the first get after the failure)."""
+    s, d = _synthetic(tmp_path)
+
+    def assemble(g, samples, lookup):
+        if g == 3:
+            raise RuntimeError("gather broke")
+        return g
+    got = []
+    with BufferManager(s.rank(0), s.demand(), _Reader(), assemble, budget=s.memory_budget, prefetch=3,
+                       overlap=overlap) as bm:
+        with pytest.raises(BufferError, match="gather broke"):
+            for g in range(5):
+                time.sleep(0.05)  # the failure happens meanwhile
+                got.append(bm.get(g))
+    assert got == [0, 1, 2]
+    s.close()
+
+
+def test_an_assembly_that_ends_before_the_prefetch_thread_waits_wakes_it(tmp_path, monkeypatch):
+    """The prefetch thread finds the oldest assembly still running, cannot book the next step, and goes idle; the
+    assembly ends (and wakes it) in between.  The idle wait must see that, not sleep its 0.5 s: each get waited
+    about that long before (a delay before idle forces the order)."""
+    from solar.buffer import rank_place
+    idle = rank_place.RankPlace.idle
+
+    def late_idle(self, q, *args):
+        time.sleep(0.005)
+        return idle(self, q, *args)
+    monkeypatch.setattr(rank_place.RankPlace, "idle", late_idle)
+    s, d = _synthetic(tmp_path, n=120)
+
+    def assemble(g, samples, lookup):
+        time.sleep(0.002)
+        return g
+    rp = s.rank(0)
+    waits = []
+    with BufferManager(rp, s.demand(), _Reader(), assemble, budget=s.memory_budget, prefetch=1, io_depth=1,
+                       overlap=True, finish=lambda g, samples, out: out) as bm:
+        for g in range(rp.n_steps):
+            t0 = time.perf_counter()
+            assert bm.get(g) == g
+            waits.append(time.perf_counter() - t0)
+    assert max(waits) < 0.3, sorted(waits)[-5:]
+    s.close()
+
+
+def test_close_drops_the_assemblies_still_queued(tmp_path):
+    """close() while one step is being assembled and more are queued: the one under way ends, the queued ones are
+    not run (nobody takes them), every thread ends."""
+    s, d = _synthetic(tmp_path)
+    ran = []
+
+    def assemble(g, samples, lookup):
+        ran.append(g)
+        time.sleep(0.3)
+        return g
+    bm = BufferManager(s.rank(0), s.demand(), _Reader(), assemble, budget=s.memory_budget, prefetch=3, overlap=True)
+    assert bm.get(0) == 0
+    time.sleep(0.1)  # step 1 being assembled, the next ones queued behind it
+    bm.close()
+    assert ran == [0, 1]
+    assert bm._stage is None and not bm._thread.is_alive()
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("solar-") and "-r0" in t.name]
+    s.close()
+
+
+def test_a_node_buffer_waiting_for_its_own_assembly_is_not_stuck():
+    """A node buffer's ``timeout`` (no progress while waiting for other ranks) does not count the time its prefetch
+    thread waits for its own assembly thread: one assembly of 1.5 s under a 0.5 s timeout (before: a
+    NodeBufferError "made no progress ... waiting for rank 0")."""
+    from solar.buffer.node_manager import NodeBufferManager
+    from solar.scheduler.config import PlanConfig
+    from solar.scheduler.node_plan import plan_nodes
+    from solar.scheduler.nodes import NodeMap
+    from test_node_buffer import PatternReader, demand_dict
+    d = Demand.synthetic(40, 96, samples_per_block=1, blocks_per_sample=2)
+    cfg = PlanConfig(world_size=1, local_batch=2, epochs=2, buffer_bytes=int(d.block_nbytes.sum() * 0.05) + 96 * 4)
+    plan, _ = plan_nodes(d, cfg, NodeMap(1, 1), "solar-node")
+
+    def assemble(g, samples, lookup):
+        if g == 3:
+            time.sleep(1.5)
+        return g
+    with NodeBufferManager(plan, 0, demand_dict(d), PatternReader(d.block_nbytes, d.block_stored, 0), assemble,
+                           comm=None, budget=cfg.buffer_bytes, prefetch=2, io_depth=2, timeout=0.5,
+                           overlap=True) as m:
+        assert [m.get(g) for g in range(plan.n_steps)] == list(range(plan.n_steps))
+
+
 def test_a_device_buffer_assembles_in_the_prefetch_thread(tmp_path):
     pytest.importorskip("torch")
     data = make_dataset(tmp_path, "ptychonn", "contiguous")

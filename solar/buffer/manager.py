@@ -137,15 +137,21 @@ class BufferManager:
             self._start_error = exc
 
     def _stop_io(self):
+        """End the I/O pool and the assembly thread: reads in flight and the assembly under way finish, assemblies
+        still queued are dropped (after an error or at close nobody takes them; their slots go with the pools)."""
         for pool in (self._io, self._stage):
             if pool is not None:
-                pool.shutdown(wait=True)
+                pool.shutdown(wait=True, cancel_futures=True)
         self._io = self._stage = None
 
     def _start(self):
         self._thread = threading.Thread(target=self._run, name=f"solar-{self.place.kind}prefetch-r{self.place.rank}",
                                         daemon=True)
-        self._thread.start()
+        try:
+            self._thread.start()
+        except BaseException:  # no prefetch thread: none of the threads started for it is left running
+            self._stop_io()
+            raise
 
     @property
     def resident_bytes(self) -> int:
@@ -158,7 +164,9 @@ class BufferManager:
 
     # --------------------------------------------------------------- consumer
     def get(self, g: int):
-        """The assembled step ``g`` (waits for it; the wait is the step's stall time)."""
+        """The assembled step ``g`` (waits for it; the wait is the step's stall time).  A failure (a read, an
+        assembly, another rank's) is raised here for the first step not assembled before it: the batches assembled
+        before it are handed out first, in order."""
         if g != self._next_get:
             raise self._error_cls(f"steps must be taken in order: asked for {g}, next is {self._next_get}")
         t0 = time.perf_counter()
@@ -167,10 +175,10 @@ class BufferManager:
                 self._waiting = g
                 self._cv.wait(0.5)
             self._waiting = None
-            if self._error is not None:
-                raise self._error
             if self._closed:
                 raise self._error_cls(f"{self._what} is closed")
+            if g not in self._ready:  # (a step assembled before a later one failed is still handed out first)
+                raise self._error
             out = self._ready.pop(g)
             st = self._stats.pop(g)
             self._next_get = g + 1

@@ -543,9 +543,10 @@ class NodePlace:
             if j != self.local and flags[j] == CLOSED and wanted is not None and g <= wanted:
                 raise NodeBufferError(f"rank {self.node * self.L + j} closed its node buffer while rank {self.rank} "
                                       f"waits for {what}: every rank of a node must close together")
-        with q._cv:
+        with q._cv:  # (or for its own assembly thread, which needs no other rank: not a stall of the node)
             consumer_bound = (bool(booked) and booked[0].g - q._next_get >= self.prefetch) or (
-                not booked and (g_book - q._next_get >= self.prefetch + self.io_depth or q._fenced(g_book)))
+                not booked and (g_book - q._next_get >= self.prefetch + self.io_depth or q._fenced(g_book))) \
+                or bool(q._making)
         if consumer_bound:
             return True
         if self.timeout is not None and idle_s > self.timeout:

@@ -196,7 +196,10 @@ class RankPlace:
                 return False
             room = bool(booked) and booked[0].g - q._next_get < q.prefetch
             if not room:  # the consumer's get or release moves it on, unless booking became possible meanwhile
-                if not (g_book < q.stop and q._may_read_ahead(g_book, booked) and self._refused != g_book):
+                # or the oldest assembly ended since the loop looked (its _wake came before this wait: not again)
+                done = bool(q._making) and q._making[0][1].done()
+                if not done and not (g_book < q.stop and q._may_read_ahead(g_book, booked)
+                                     and self._refused != g_book):
                     q._cv.wait(0.5)
                 return False
         making = q._making  # (or the oldest step in the assembly thread: its slots may go then)
