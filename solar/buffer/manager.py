@@ -315,8 +315,9 @@ class BufferManager:
         t1 = time.perf_counter()
         out = self.assemble(item.g, item.samples, item.blocks)
         item.stats.assemble_s = time.perf_counter() - t1
-        if hand_over:
+        if hand_over:  # (and not kept by the future: the batch's memory goes back as soon as the consumer drops it)
             self._hand_over(item, out)
+            return None
         return out
 
     def _made(self):
