@@ -101,7 +101,8 @@ class Ptycho(trainer.Task):
     def add_args(self, p):
         p.add_argument("--width", type=int, default=16, help="channels of the first level")
         p.add_argument("--depth", type=int, default=3, help="stride-2 levels (input size divisible by 2**depth)")
-        p.add_argument("--fields", nargs=3, default=list(FIELDS), metavar=("INPUT", "AMPLITUDE", "PHASE"))
+        p.add_argument("--fields", nargs=3, default=list(FIELDS), metavar=("INPUT", "AMPLITUDE", "PHASE"),
+                       help="dataset names of the input (diffraction) and of the amplitude and phase targets")
 
     def configure(self, args):
         if args.width < 1 or args.depth < 1:

@@ -381,8 +381,18 @@ class ResidentSource:
 
 
 # ----------------------------------------------------------------------------- arguments
+class _HelpWithDefaults(argparse.ArgumentDefaultsHelpFormatter):
+    """Options' defaults in their help, where they have one the text does not already give."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if action.default is None or action.default is False or "default" in text:
+            return text
+        return super()._get_help_string(action)
+
+
 def parse_args(task: Task, doc: str, argv=None):
-    p = argparse.ArgumentParser(description=doc.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0], formatter_class=_HelpWithDefaults)
     p.add_argument("data", help="layout spec, or the folder holding solar-layout.json (training data)")
     p.add_argument("--valid", help="held-out data (layout spec or folder, same fields): loss per epoch against "
                                    "the reference predictors")
@@ -407,7 +417,8 @@ def parse_args(task: Task, doc: str, argv=None):
     p.add_argument("--seed", type=int, default=0, help="DistributedSampler / planner seed and model init seed")
     p.add_argument("--lr", type=float, default=2e-3, help="Adam learning rate")
     p.add_argument("--stats-samples", type=int, default=4096,
-                   help="training samples (evenly spaced) the normalisation statistics are computed from")
+                   help="training samples (evenly spaced) the normalisation statistics are computed from, where the "
+                        "task computes them (The Well's are read from its stats.yaml)")
     p.add_argument("--max-steps", type=int, help="stop after this many training steps in total (counted from "
                                                   "the start of training, resumed steps included)")
     p.add_argument("--workers", type=int, default=1, help="baseline: DataLoader worker processes per rank")
@@ -912,9 +923,11 @@ def train(args, task: Task, g: Group, device: torch.device, threads: int, topo):
             mine["samples"] += n_e
             mine["loss"] = sums[0] / max(n_e, 1)
             save(e)
+        # one write with its newline (print writes the line and its end apart: under PYTHONUNBUFFERED two ranks'
+        # lines could run together in mpiexec's output)
         print(f"rank {g.rank} of {g.size} on {socket.gethostname()} ({device}): trained {mine['steps']} steps on "
               f"{mine['samples']} samples ({len(mine['distinct'])} distinct), local loss {mine['loss']:.4f} "
-              "in its last epoch", flush=True)
+              "in its last epoch\n", end="", flush=True)
         g.barrier()
         if args.plot and root and history:
             plot(args.plot, f"{task.name}, loader {source.kind}, {g.size} ranks", history, step_losses, S, v0)

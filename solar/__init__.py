@@ -14,7 +14,7 @@ Command line (``solar COMMAND --help``)
     solar inspect PATH            any HDF5 file, a layout spec or folder, or a schedule file
     solar simulate SPEC ...       compare loading policies (hit rate, storage bytes)
     solar plan SPEC -P N -b B ... plan a job: write its schedule file
-    mpiexec -n N solar bench SPEC solar's loader against the PyTorch baselines, cold page cache
+    mpiexec -n N solar bench SPEC solar's loader against the strongest baselines, cold page cache
 
 Main entry points
     solar.plan(data, *, world_size, local_batch, epochs, buffer_fraction=... | buffer_per_rank=...,

@@ -59,9 +59,11 @@ waits in a collective forever; --no-abort-on-error turns that off.
 
 
 def add_parser(sub):
-    p = sub.add_parser("bench", help="benchmark the solar loader against the PyTorch baseline (under mpiexec)",
-                       description="Loader-only benchmark: solar (plan + buffer + readers) vs DataLoader + "
-                                   "DistributedSampler baselines (h5py, memmap), same file, epochs, batches and sampler.",
+    p = sub.add_parser("bench", help="benchmark the solar loader against the strongest baselines (under mpiexec)",
+                       description="Loader benchmark: solar (plan + buffer + readers) against DistributedSampler "
+                                   "baselines (torch: DataLoader + h5py; memmap; h5py-cache; batched), the same file, "
+                                   "epochs, batches and sampler, with the disk's and memory's limits measured in the "
+                                   "same run.",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("spec", metavar="SPEC", help="layout spec, folder holding solar-layout.json, or HDF5 file")
     p.add_argument("--epochs", type=epoch_count, default=3, help="epochs each loader runs (default 3)")
