@@ -2,6 +2,7 @@
 import errno
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -193,3 +194,41 @@ def test_descriptors_used_up_elsewhere_close_idle_files_and_go_on(tmp_path, read
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["same"] and out["evictions"] > 0
+
+
+@pytest.mark.parametrize("direct_io", [True, False])
+def test_a_file_replaced_while_the_cache_had_it_closed_is_not_read(tmp_path, direct_io):
+    """A reader's file cache closes files and opens them again by path.  If the file there is no longer the one it
+    read (replaced, or modified in place: same size, other bytes), the blocks' offsets may point anywhere in it:
+    a DecodeError names the file instead (before: the new file's bytes at the old offsets, silently)."""
+    from solar.errors import DecodeError
+    from helpers import h5py_sample
+    data = make_dataset(tmp_path, "cosmoflow", "chunked", samples=4)
+    layout = load_layout(data)
+    sizes = [os.path.getsize(f) for f in layout.files]
+    first = [int(layout.blocks_of(s)[0]) for s in range(layout.n_samples)]
+    file_of = [layout.datasets[int(layout.block_dataset[b])].file for b in first]
+    assert len(set(file_of)) >= 3 and sizes[file_of[0]] == sizes[file_of[2]]
+
+    def read(r, b):
+        out = [np.empty(int(layout.block_nbytes[b]), np.uint8)]
+        r.read_blocks(np.array([b], np.int64), out)
+        return out[0]
+    with get_reader("pread", layout, max_open=1, direct_io=direct_io) as r:
+        a = read(r, first[0])
+        read(r, first[1])  # the cache closes sample 0's file
+        assert np.array_equal(read(r, first[0]), a)  # the same file opened again: read as before
+        read(r, first[1])
+        path = layout.files[file_of[0]]
+        tmp = path + ".new"
+        shutil.copyfile(layout.files[file_of[2]], tmp)  # same size, another sample's bytes
+        os.replace(tmp, path)
+        with pytest.raises(DecodeError, match="replaced by another file"):
+            read(r, first[0])
+    with get_reader("pread", layout, max_open=1, direct_io=direct_io) as r:
+        read(r, first[0])
+        read(r, first[1])
+        st = os.stat(path)
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # modified in place
+        with pytest.raises(DecodeError, match="modified"):
+            read(r, first[0])

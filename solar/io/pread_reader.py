@@ -182,11 +182,16 @@ def preadv_full(fd: int, buffers: list, offset: int, *, retries: int = READ_RETR
 DIRECT_ALIGN = 4096
 
 
-def open_fd(files, readahead: bool, file: int, direct: bool = False, buffered: set | None = None) -> int:
+def open_fd(files, readahead: bool, file: int, direct: bool = False, buffered: set | None = None,
+            pins: dict | None = None) -> int:
     """A new read-only descriptor of ``files[file]`` (``POSIX_FADV_RANDOM`` unless ``readahead``; ``O_DIRECT``
     with ``direct``); DecodeError if it cannot be opened, except EMFILE/ENFILE (OSError: the file cache
     handles those).  Where the file system refuses ``O_DIRECT`` (EINVAL): with a ``buffered`` set the file
-    is opened without it and ``file`` added to the set, else a DecodeError naming the option."""
+    is opened without it and ``file`` added to the set, else a DecodeError naming the option.
+
+    ``pins``: ``{file: (device, inode, size, mtime_ns)}`` as each file was when first opened (filled here).  A file
+    the cache closed is opened again by its path: if that is no longer the same file, unchanged, its blocks'
+    offsets may point anywhere in it, so a DecodeError says so instead of reading it."""
     path = files[file]
     flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
     try:
@@ -208,6 +213,16 @@ def open_fd(files, readahead: bool, file: int, direct: bool = False, buffered: s
         if exc.errno in (errno.EMFILE, errno.ENFILE):
             raise
         raise DecodeError(f"cannot open {path}: {exc.strerror}") from None
+    if pins is not None:
+        st = os.fstat(fd)
+        now = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        was = pins.setdefault(file, now)
+        if was != now:
+            os.close(fd)
+            what = "replaced by another file" if was[:2] != now[:2] else \
+                f"modified ({now[2]:,} bytes, mtime {now[3]} ns; {was[2]:,} bytes, mtime {was[3]} ns before)"
+            raise DecodeError(f"{path} was {what} while this job read it: the plan's block offsets no longer "
+                              f"describe it (plan again once it stays put)")
     if not readahead and not direct:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
     return fd
@@ -362,8 +377,9 @@ class PreadReader(BlockReader):
         self.drop_cache = o["drop_cache"] and hasattr(os, "posix_fadvise")
         self.readahead = o["readahead"] or not hasattr(os, "posix_fadvise")
         # the opener holds no reference to the reader (no cycle: a dropped reader is freed at once)
+        self._pins: dict[int, tuple] = {}  # each file as first opened: a file the cache reopens must be the same
         self._files = FileCache(partial(open_fd, layout.files, self.readahead, direct=self.direct,
-                                        buffered=self._buffered if mode == "auto" else None), os.close,
+                                        buffered=self._buffered if mode == "auto" else None, pins=self._pins), os.close,
                                 max_open_option(o["max_open"], self.name))
         self._pool = None
         self._pool_lock = threading.Lock()
