@@ -207,3 +207,44 @@ def test_mpiio_gives_up_after_bounded_retries(layout, collective):
                                                     r"failed \(4 tries\)"):
             r.read_blocks(blocks[:1], out[:1])
         r._fh = real_fh
+
+
+def test_failures_are_counted_in_a_row_not_over_a_whole_read(tmp_path, monkeypatch):
+    """A long read that moves on (short reads) while meeting a transient failure between them, never more than
+    ``READ_RETRIES`` in a row, reads everything: before, the failures of the whole read counted together and it
+    failed once there were more than 3 ("truncated?")."""
+    path = str(tmp_path / "f")
+    data = np.random.default_rng(0).integers(0, 255, 1 << 20, dtype=np.uint8)
+    data.tofile(path)
+    real = os.preadv
+    state = {"n": 0}
+
+    def bumpy(fd, bufs, offset):  # every other call fails, the others read 64 KiB at most
+        state["n"] += 1
+        if state["n"] % 2:
+            raise OSError(errno.EINTR, os.strerror(errno.EINTR))
+        return real(fd, [memoryview(bufs[0])[:64 << 10]], offset)
+    monkeypatch.setattr(pread_reader.os, "preadv", bumpy)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        out = np.zeros(data.shape[0], np.uint8)
+        done, calls = pread_reader.preadv_full(fd, [out], 0)
+        assert done == data.shape[0] and np.array_equal(out, data) and calls > 2 * pread_reader.READ_RETRIES
+        from solar import aligned
+        buf = aligned.empty(data.shape[0])  # (pread_direct reads into page-aligned memory)
+        state["n"] = 0
+        assert pread_reader.pread_direct(fd, memoryview(buf), 0, data.shape[0]) == data.shape[0]
+        assert np.array_equal(np.frombuffer(buf, np.uint8)[:data.shape[0]], data)
+    finally:
+        os.close(fd)
+    state["n"] = 0
+
+    def stuck(fd, bufs, offset):  # failures in a row beyond the retries: still an error
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+    monkeypatch.setattr(pread_reader.os, "preadv", stuck)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with pytest.raises(OSError):
+            pread_reader.preadv_full(fd, [np.zeros(16, np.uint8)], 0)
+    finally:
+        os.close(fd)

@@ -146,6 +146,7 @@ def _read_window(fd, bounce, lo, size, need, retries, backoff_us, align):
                 break
             n -= n % align
         done += n
+        failures = 0  # (failures in a row: a long window that moves on may meet several)
     return done, 0
 
 

@@ -149,7 +149,8 @@ def preadv_full(fd: int, buffers: list, offset: int, *, retries: int = READ_RETR
     passes at most ``IOV_MAX`` buffers per call.  A call that returns 0 bytes
     (end of file, or a storage hiccup) or fails with EINTR/EAGAIN/EIO is tried
     again up to ``retries`` times with a short backoff; then the short count is
-    returned (0 bytes) or the OSError raised.  Other errors are raised at once.
+    returned (0 bytes) or the OSError raised (``retries`` failures in a row: a call that reads something starts
+    the count again).  Other errors are raised at once.
     """
     views = [memoryview(b).cast("B") for b in buffers]
     done = calls = failures = 0
@@ -169,6 +170,7 @@ def preadv_full(fd: int, buffers: list, offset: int, *, retries: int = READ_RETR
             failures += 1
             continue
         done += n
+        failures = 0  # (tries count failures in a row: a long read that moves on may meet several)
         while n > 0 and i < len(views):  # drop filled buffers, trim a partly filled one
             take = min(n, len(views[i]))
             n -= take
@@ -254,6 +256,7 @@ def pread_direct(fd: int, buf: memoryview, offset: int, need: int, *, retries: i
                 return done + n  # the file ends inside this block
             n -= n % DIRECT_ALIGN
         done += n
+        failures = 0
     return done
 
 
