@@ -167,6 +167,39 @@ def test_a_killed_loader_process_is_an_error_not_a_hang(job):
         assert time.monotonic() - t0 < 30
 
 
+def test_a_process_forked_while_a_batch_is_held_never_reads_later_batches_in_it(job):
+    """The loader reuses a batch's shared segment once the training process drops the batch.  A process forked
+    from it while it held the batch (os.fork) must not see later batches' bytes there: the segments are not
+    inherited (MADV_DONTFORK), so reading the batch there faults (before: it read whatever batch the loader had
+    put there since, with no error).  The forked process reports what it read through a pipe."""
+    with SolarLoader(*job, rank=0, process=True) as a:
+        it = iter(a)
+        x = next(it)
+        copy = x["X_train"].numpy().copy()
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the forked process: waits until the loader has reused the segment, then reads the batch
+            import faulthandler
+            faulthandler.disable()  # (the fault expected: no traceback of it in the test's output)
+            os.close(r)
+            time.sleep(1.0)
+            same = np.array_equal(x["X_train"].numpy(), copy)
+            os.write(w, b"same" if same else b"changed")
+            os._exit(0)
+        os.close(w)
+        del x, it
+        for e in range(3):
+            a.set_epoch(e)
+            for _ in a:
+                pass
+        got = os.read(r, 16)
+        os.close(r)
+        _, status = os.waitpid(pid, 0)
+    assert got != b"changed"
+    assert got == b"" and os.WIFSIGNALED(status) and os.WTERMSIG(status) in (signal.SIGSEGV, signal.SIGBUS), \
+        (got, status)
+
+
 def test_a_bad_child_argument_is_raised_at_construction(job):
     with pytest.raises(solar.SpecError, match="bogus"):
         SolarLoader(*job, rank=0, process=True, reader_options={"bogus": 1})

@@ -173,7 +173,12 @@ class LoaderProcess:
                 fds = recvfds(self.sock, len(desc["new"]))
                 try:
                     for (i, size), fd in zip(desc["new"], fds):
-                        self.maps[i] = mmap.mmap(fd, size)
+                        self.maps[i] = m = mmap.mmap(fd, size)
+                        # not inherited by a process forked from this one: the loader reuses a segment once this
+                        # process drops its batch, so a forked copy would see later batches' bytes (it faults
+                        # instead, as any access to memory not mapped there)
+                        if hasattr(mmap, "MADV_DONTFORK"):
+                            m.madvise(mmap.MADV_DONTFORK)
                 finally:
                     for fd in fds:
                         os.close(fd)
