@@ -151,6 +151,35 @@ def test_batches_assembled_before_a_failure_are_handed_out_first(tmp_path, overl
     s.close()
 
 
+def test_a_read_failing_while_a_step_is_assembled_comes_after_that_step(tmp_path):
+    """With the assembly thread handing batches over itself (no ``finish``): a later step's read fails while step
+    2 is being assembled.  Step 2 is still handed out, and the error comes at the failing step (before: at step 2,
+    whose assembly had not ended when the error was set)."""
+    s, d = _synthetic(tmp_path, n=80)
+    rp = s.rank(0)
+    bad_step = next(g for g in range(3, rp.n_steps) if len(rp.step(g).load))
+    bad = int(rp.step(bad_step).load[0])
+
+    class Failing(_Reader):
+        def read_blocks(self, blocks, out):
+            if bad in np.asarray(blocks).tolist():
+                raise OSError(5, "injected read failure")
+            return super().read_blocks(blocks, out)
+
+    def assemble(g, samples, lookup):
+        if g == 2:
+            time.sleep(0.3)  # the failing read lands meanwhile
+        return g
+    got = []
+    with BufferManager(rp, s.demand(), Failing(), assemble, budget=s.memory_budget, prefetch=3, io_depth=4,
+                       overlap=True) as bm:
+        with pytest.raises(BufferError, match="injected read failure"):
+            for g in range(rp.n_steps):
+                got.append(bm.get(g))
+    assert got == list(range(bad_step))
+    s.close()
+
+
 def test_an_assembly_that_ends_before_the_prefetch_thread_waits_wakes_it(tmp_path, monkeypatch):
     """The prefetch thread finds the oldest assembly still running, cannot book the next step, and goes idle; the
     assembly ends (and wakes it) in between.  The idle wait must see that, not sleep its 0.5 s: each get waited

@@ -53,7 +53,7 @@ def test_step_stats_are_a_bounded_ring(job):
     assert isinstance(inspect.signature(BufferManager).parameters["keep_step_stats"].default, int)
     with SolarLoader(*job, rank=0, as_torch=False) as loader:
         loader._start_buffer = lambda: setattr(loader, "buffer", BufferManager(
-            loader.rank_plan, loader.demand, loader.reader, loader._assemble, budget=loader.schedule.buffer_bytes,
+            loader.rank_plan, loader.demand, loader.reader, loader._batch, budget=loader.schedule.buffer_bytes,
             start=loader.cursor, keep_step_stats=5))
         for e in range(3):
             loader.set_epoch(e)

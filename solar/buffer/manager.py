@@ -242,6 +242,8 @@ class BufferManager:
             if err is not exc:  # a SolarError keeps its own cause
                 err.__cause__ = exc
             P.failed(exc, err)
+            if self._stage is not None:  # the assembly under way ends first (it may hand its batch over itself):
+                self._stage.shutdown(wait=True, cancel_futures=True)  # the error is then the next step's to see
             with self._cv:
                 self._error = err
                 self._cv.notify_all()

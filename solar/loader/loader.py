@@ -327,9 +327,6 @@ class SolarLoader:
         self._stop_buffer()
         self.cursor = g
 
-    def _assemble(self, step, samples, lookup):
-        return self.hooks.produce(step, self._batch(step, samples, lookup))
-
     def _batch(self, step, samples, lookup):
         """Step ``step``'s batch with its sample ids, before the hooks (with ``overlap``, in the buffer's assembly
         thread; the hooks run in its prefetch thread)."""
