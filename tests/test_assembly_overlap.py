@@ -153,8 +153,9 @@ def test_batches_assembled_before_a_failure_are_handed_out_first(tmp_path, overl
 
 def test_a_read_failing_while_a_step_is_assembled_comes_after_that_step(tmp_path):
     """With the assembly thread handing batches over itself (no ``finish``): a later step's read fails while step
-    2 is being assembled.  Step 2 is still handed out, and the error comes at the failing step (before: at step 2,
-    whose assembly had not ended when the error was set)."""
+    2 is being assembled (and others may wait queued behind it).  Every step queued before the failure is still
+    handed out, and the error comes at the failing step (before: at step 2, whose assembly had not ended when the
+    error was set)."""
     s, d = _synthetic(tmp_path, n=80)
     rp = s.rank(0)
     bad_step = next(g for g in range(3, rp.n_steps) if len(rp.step(g).load))

@@ -242,8 +242,9 @@ class BufferManager:
             if err is not exc:  # a SolarError keeps its own cause
                 err.__cause__ = exc
             P.failed(exc, err)
-            if self._stage is not None:  # the assembly under way ends first (it may hand its batch over itself):
-                self._stage.shutdown(wait=True, cancel_futures=True)  # the error is then the next step's to see
+            if self._stage is not None:  # the steps queued for assembly (their reads are in: memory copies only) are
+                self._stage.shutdown(wait=True)  # made first, each handing its batch over itself without finish:
+            # the error is then the first step's not made
             with self._cv:
                 self._error = err
                 self._cv.notify_all()
