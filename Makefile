@@ -10,6 +10,9 @@ DATA   ?= data/ptychonn
 NP     ?= 2
 TRAIN  ?= --epochs 2 --local-batch 16 --width 8 --depth 3
 PORT   ?= 29517
+# where pip takes torch from: empty = pip's own configuration; plain PyPI's Linux wheel brings the CUDA libraries
+# (GBs), so on a machine that reaches the internet: TORCH_INDEX=https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?=
 # unit tests on this many processes (pytest-xdist): the cores, 2 to 4 (each worker imports torch: ~0.7 GB)
 JOBS   ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4; [ $$n -lt 2 ] && n=2; echo $$n)
 
@@ -18,7 +21,7 @@ JOBS   ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4; [ $$n
 $(VENV)/.installed: setup.py pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(PY) -m pip install -q -e '.[test,plot,mpich]'
 	touch $@
 

@@ -21,7 +21,9 @@ from helpers import make_dataset
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(ROOT, "examples")
-pytestmark = pytest.mark.slow  # five 2-rank launches: about a minute on 2 idle cores
+# five 2-rank launches: about a minute on 2 idle cores.  One xdist group, so that the module fixture (four of
+# those launches) runs once, not once on each worker (`make test` runs -n 2 --dist loadgroup: it ran twice)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("examples")]
 
 P, B, EPOCHS, N, SIZE = 2, 8, 3, 256, 16  # 16 steps per epoch
 S = N // (P * B)
