@@ -145,6 +145,12 @@ say "solar gpu check: sections [$SECTIONS], $N samples of ${SIZE}x${SIZE}, local
     command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
     "$PY" -c "import sys, torch, h5py, numpy, numba; print('python', sys.version.split()[0], 'torch', torch.__version__,
 'cuda', torch.version.cuda, 'h5py', h5py.__version__, 'numpy', numpy.__version__, 'numba', numba.__version__)"
+    # a device plan's batches pass DataLoader(pin_memory=True) only where its pin step asks the batch's own
+    # pin_memory before it looks into the dict (docs/torch.md): record what this torch does
+    "$PY" -c "from torch.utils.data._utils.pin_memory import pin_memory as p
+class D(dict):
+    def pin_memory(self, device=None): return 'own'
+print('DataLoader pin step asks a dict batch its own pin_memory first:', p(D(a=1)) == 'own')"
 } >>"$LOG" 2>&1
 GPU=$("$PY" -c "import torch; print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'none')" 2>/dev/null)
 say "GPU: ${GPU:-none}"

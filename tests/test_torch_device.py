@@ -149,6 +149,40 @@ def test_bad_devices_are_refused():
             DeviceMover("cuda")
 
 
+def test_cuda_without_an_index_is_the_rank_s_gpu(monkeypatch):
+    """``device="cuda"`` is the rank's GPU (local rank mod the GPUs seen), as for a device buffer's batches: a batch
+    gathered on cuda:1 is then the mover's own (passed through), where plain "cuda" compared unequal to cuda:1 and
+    sent every such batch through pinned host memory and back.  CUDA is mocked: only the GPUs are counted."""
+    from types import SimpleNamespace
+
+    import solar.topology
+    from solar.torch.device import _already
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setattr(solar.topology, "detect", lambda: SimpleNamespace(local_rank=5))
+    mover = DeviceMover("cuda", streams=FakeStreams())
+    assert mover.device == torch.device("cuda", 1)
+    on_gpu1 = SimpleNamespace(device=torch.device("cuda", 1))  # stands in for a tensor the device buffer made
+    assert _already(on_gpu1, mover.device)
+    assert DeviceMover("cuda:2", streams=FakeStreams()).device == torch.device("cuda", 2)  # an index is kept
+    assert not _already(on_gpu1, DeviceMover("cuda:2", streams=FakeStreams()).device)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert DeviceMover("cpu", streams=FakeStreams()).device == torch.device("cpu")
+    assert DeviceMover("cuda", streams=FakeStreams()).device == torch.device("cuda")  # no GPU to count
+
+
+def test_the_side_streams_are_not_from_the_pool_nccl_takes_its_streams_from(monkeypatch):
+    """The loader's copy and gather streams come from torch's high-priority pool (priority < 0): the default pool
+    is shared with ProcessGroupNCCL, and a copy queued behind a collective could wait on another rank's batch."""
+    from solar.buffer.device_pools import side_stream
+    from solar.torch.device import CudaStreams
+    made = []
+    monkeypatch.setattr(torch.cuda, "Stream", lambda **kw: made.append(kw) or object())
+    CudaStreams(torch.device("cuda", 0))
+    side_stream(torch.device("cuda", 1))
+    assert [k["device"] for k in made] == [torch.device("cuda", 0), torch.device("cuda", 1)]
+    assert all(k.get("priority", 0) < 0 for k in made), made
+
+
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
     root = tmp_path_factory.mktemp("device")

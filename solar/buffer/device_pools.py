@@ -46,13 +46,38 @@ def torch_device(device):
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             raise SpecError(f"buffer_device {device!r}: CUDA is not available in this process")
-        if dev.index is None:  # the rank's GPU, as init_distributed picks it: local rank mod the GPUs seen
-            from ..topology import detect
-            dev = torch.device("cuda", detect().local_rank % torch.cuda.device_count())
+        if dev.index is None:
+            dev = rank_gpu(dev)
         elif dev.index >= torch.cuda.device_count():
             raise SpecError(f"buffer_device {device!r}: this process sees {torch.cuda.device_count()} CUDA "
                             "device(s)")
     return dev
+
+
+def rank_gpu(dev):
+    """A CUDA ``torch.device`` with its index: ``dev`` itself where it has one; for plain ``"cuda"`` the rank's GPU
+    as :func:`~solar.torch.init_distributed` picks it (and makes current): the local rank mod the GPUs this process
+    sees.  The loader's device buffer and its device copies (``device=``) resolve ``"cuda"`` by this one rule, so
+    that a batch gathered on the GPU is never taken for another device's and copied through the host.  Without a
+    GPU to count, ``dev`` as it is."""
+    import torch
+    if dev.type != "cuda" or dev.index is not None:
+        return dev
+    count = torch.cuda.device_count()
+    if count < 1:
+        return dev
+    from ..topology import detect
+    return torch.device("cuda", detect().local_rank % count)
+
+
+def side_stream(device):
+    """A CUDA stream for the loader's copies and gathers on ``device``, from torch's pool of high-priority streams.
+    ``torch.cuda.Stream()`` at the default priority hands out the streams of a small shared pool in turn, the pool
+    ProcessGroupNCCL takes its streams from: the loader's copies could then queue behind the job's collectives,
+    and a prefetch thread waiting for such a copy (it also serves the node's other ranks with a node plan) behind
+    an allreduce that waits for another rank's batch would never go on."""
+    import torch
+    return torch.cuda.Stream(device=device, priority=-1)
 
 
 class OnDevice(dict):
@@ -96,7 +121,7 @@ class DevicePools(SlotPools):
         import torch
         self.device = torch_device(device)
         self.cuda = self.device.type == "cuda"
-        self.stream = torch.cuda.Stream(device=self.device) if self.cuda else None
+        self.stream = side_stream(self.device) if self.cuda else None
         cb, n = np.asarray(class_bytes, np.int64), np.asarray(slots, np.int64)
         # the free-slot stacks as SlotPools keeps them; the memory is the device's (not SlotPools' host pools),
         # allocated on the side stream that alone writes and reads it: the caching allocator then waits for that

@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterable, Iterator, List, Optional
 
 import torch
 
+from ..buffer.device_pools import rank_gpu, side_stream
 from ..errors import SpecError
 
 __all__ = ["DeviceMover", "to_device"]
@@ -35,7 +36,7 @@ class CudaStreams:
 
     def __init__(self, device: torch.device):
         self.device = device
-        self.stream = torch.cuda.Stream(device=device)
+        self.stream = side_stream(device)
 
     def copy(self, src: torch.Tensor) -> torch.Tensor:
         """Queue the copy of (pinned) ``src`` to the device on the side stream; the result is
@@ -102,7 +103,7 @@ class DeviceMover:
 
     def __init__(self, device, ring: int = 3, streams=None, host_keys=HOST_KEYS):
         try:
-            self.device = torch.device(device)
+            self.device = rank_gpu(torch.device(device))  # "cuda": the rank's GPU, as its device buffer's
         except (RuntimeError, TypeError) as exc:
             raise SpecError(f"device {device!r} is not a torch device: {exc}") from None
         if isinstance(ring, bool) or not isinstance(ring, int) or ring < 1:
