@@ -8,12 +8,17 @@ A counter that printed says at its end how long it took, or where it stopped.
 """
 from __future__ import annotations
 
+import contextlib
 import sys
+import threading
 import time
 from typing import Dict, Optional, Union
 
 #: Seconds between two plain progress lines.
 LINE_EVERY_S = 10.0
+
+#: Seconds of numba compiling before :func:`compile_notice` says so (as long as progress lines wait).
+COMPILE_NOTICE_S = LINE_EVERY_S
 
 Mode = Union[bool, str, None]
 
@@ -126,3 +131,45 @@ def each(iterable, total: Optional[int], desc: str, unit: str, mode: Mode):
         for x in iterable:
             yield x
             c.update(1)
+
+
+@contextlib.contextmanager
+def compile_notice(desc: str, mode: Mode, after_s: Optional[float] = None):
+    """Around work whose numba kernels may have to be compiled (the first run after an install or an upgrade, or
+    with a new ``NUMBA_CACHE_DIR``: up to a minute or two, with nothing else to show): where numba has been
+    compiling for ``after_s`` seconds (default :data:`COMPILE_NOTICE_S`) and the work is not done, one line on
+    stderr says so.  Kernels loaded from numba's cache compile nothing and print nothing; so does ``mode`` off."""
+    how = resolve(mode)
+    if how is None:
+        yield
+        return
+    from numba.core import event
+
+    compiling, done = threading.Event(), threading.Event()
+
+    class _Listener(event.Listener):
+        def on_start(self, ev):
+            compiling.set()
+
+        def on_end(self, ev):
+            pass
+
+    def notice():
+        if compiling.is_set() and not done.is_set():
+            line = (f"{desc}: compiling numba kernels (after an install or upgrade only: up to a minute or two; "
+                    "numba caches them for later runs)")
+            if how == "bar":
+                from tqdm import tqdm
+                tqdm.write(line, file=sys.stderr)
+            else:
+                print(line, file=sys.stderr, flush=True)
+
+    timer = threading.Timer(COMPILE_NOTICE_S if after_s is None else float(after_s), notice)
+    timer.daemon = True
+    with event.install_listener("numba:compile", _Listener()):
+        timer.start()
+        try:
+            yield
+        finally:
+            done.set()
+            timer.cancel()

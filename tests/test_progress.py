@@ -116,3 +116,38 @@ def test_plan_in_a_log_file_prints_its_progress_and_no_progress_silences_it(tmp_
     assert "plan solar: 3/3 epochs, done in" in r.stderr and "\r" not in r.stderr
     r = subprocess.run(base + ["--no-progress"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "epochs" not in r.stderr, r.stderr
+
+
+def test_a_kernel_compiling_for_long_is_said_once_and_one_loaded_says_nothing(capsys):
+    """The first run after an install compiles numba kernels for a minute with nothing else on stderr: one line
+    says so where compiling goes on past the delay; nothing where no kernel compiles (loaded from numba's cache,
+    or already in the process), nor with progress off."""
+    import threading
+
+    import numba
+
+    from solar.progress import compile_notice
+
+    @numba.njit(cache=False)
+    def kernel(x):
+        return x + 1
+
+    def slow_compile():  # a compile that is still going on when the delay ends
+        release = threading.Event()
+        threading.Timer(0.3, release.set).start()
+        from numba.core import event
+        with event.trigger_event("numba:compile", data={"dispatcher": None, "args": (), "return_type": None}):
+            release.wait(5)
+
+    with compile_notice("plan solar", "lines", after_s=0.05):
+        slow_compile()
+    err = capsys.readouterr().err
+    assert err.count("plan solar: compiling numba kernels") == 1, err
+    kernel(1)
+    with compile_notice("plan solar", "lines", after_s=0.05):
+        kernel(2)  # compiled already: nothing compiles
+        threading.Event().wait(0.2)
+    assert capsys.readouterr().err == ""
+    with compile_notice("plan solar", False, after_s=0.0):
+        slow_compile()
+    assert capsys.readouterr().err == ""

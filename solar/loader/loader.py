@@ -388,9 +388,9 @@ class SolarLoader:
         return time.perf_counter() - t0
 
     def _stop_buffer(self):
-        if self.buffer is not None:
-            self.buffer.close()
-            self.buffer = None
+        buffer, self.buffer = self.buffer, None  # dropped even where its close raises (a CUDA error in the device
+        if buffer is not None:                   # buffer's synchronize): a second close does not run it again
+            buffer.close()
 
     def _restore_gil(self):
         if self._gil_release is not None:

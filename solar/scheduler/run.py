@@ -483,13 +483,16 @@ class PlanRun:
         self.first_step = int(first_step)
         result = PolicyResult(self.pol.name, [self.source_epoch(e) for e in range(self.planned, stop)])
         it = range(self.planned, int(stop))
+        from ..progress import compile_notice
         if progress:
             from ..progress import each
             it = each(it, len(it), f"plan {self.pol.name}{progress_label}", "epoch", progress)
         pool = ThreadPoolExecutor(1, thread_name_prefix="solar-plan-ahead") if int(stop) - self.planned > 1 else None
+        first = self.planned
         try:
             for e in it:
-                self._epoch(e, result, on_epoch, pool if e + 1 < int(stop) else None)
+                with compile_notice(f"plan {self.pol.name}", progress if e == first else False):
+                    self._epoch(e, result, on_epoch, pool if e + 1 < int(stop) else None)
                 self.planned = e + 1
                 self.first_step = 0
         finally:
