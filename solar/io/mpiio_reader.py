@@ -14,23 +14,32 @@ many read rounds each file needs; then every rank walks those files in order
 and, per round, sets a file view of its ranges (an hindexed byte type) and calls
 ``Read_all`` into one packed buffer, with an empty view when it has nothing
 there.  A read error is held until the rounds are over and is raised on every
-rank (one more small ``Allreduce``), so a failure never leaves ranks waiting.
+rank (one more small ``Allreduce``), so a failure never leaves ranks waiting: a failure before the rounds
+(a request this rank refuses, memory for a round's buffer) is held too, and the rank takes part in the
+rounds with nothing to read.  The ranks' prefetch threads read ahead by different amounts, so a rank may
+close while others still make reads: ``close`` keeps taking part in their reads, with nothing to read, until
+every rank is closing (one more int in the ``Allreduce``: whether the rank still reads), then closes the
+files.  ROMIO counts bytes past the end of a file as read in ``Read_all``, so each round also asks the file's
+size (every rank, ``Get_size``): a file cut short since it was opened fails as a short read, never delivers
+the memory it left unwritten.
 
 ``collective=False``: one independent ``Read_at`` per coalesced range, no
 collective calls per step.
 
 A read that comes back short or fails (``MPI.Exception``) is retried for its
 missing bytes with independent ``Read_at`` calls (a collective read's on a
-per-rank ``COMM_SELF`` handle, opened on demand, at most :data:`RETRY_HANDLES` kept open,
-so the other ranks are not involved), up to
+per-rank ``COMM_SELF`` handle, opened on demand by path (refused if the path is now another file than the
+one opened), at most :data:`RETRY_HANDLES` kept open, so the other ranks are not involved), up to
 ``READ_RETRIES`` times with a short backoff; then the step fails with a
 DecodeError naming file, dataset, chunk and byte range.
 
-Reads run in the calling thread (MPI calls); copying and decoding into the
-caller's arrays run in ``threads`` worker threads, overlapping the next read.
+Reads run in the calling thread (MPI calls; the loader's I/O thread, while the training thread may make
+MPI calls of its own: MPI_THREAD_MULTIPLE is required); copying and decoding into the caller's arrays run
+in ``threads`` worker threads, overlapping the next read.
 """
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -89,6 +98,10 @@ class MpiioReader(BlockReader):
         self.collective = o["collective"]
         self.policy = CoalescePolicy(o["max_gap"], o["max_read"], o["coalesce"])
         self.max_call_bytes = mcb
+        if MPI.Query_thread() != MPI.THREAD_MULTIPLE:  # the same on every rank: refused before any collective
+            raise SpecError("reader 'mpiio' reads in the loader's I/O thread while the training thread may make MPI "
+                            "calls of its own: it needs MPI_THREAD_MULTIPLE, and mpi4py.rc.thread_level is lower; "
+                            "use the 'pread' reader")
         check_file_budget(layout, self.name, self._budget(MPI, comm, o["max_open"]))
         # a communicator of our own: the reads' collectives run in the prefetch thread while the training
         # loop may run its own collectives (allreduce of gradients) on ``comm``; on one communicator the two
@@ -96,11 +109,15 @@ class MpiioReader(BlockReader):
         self.comm = (comm if comm is not None else MPI.COMM_SELF).Dup()
         self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="solar-mpiio")
         self._fh = []
+        self._ids = []  # (st_dev, st_ino) of each file as opened: a retry handle, opened by path, must be the same
+        self._in_call = False  # this rank's part of the current read_blocks call reached the collective rounds
         # file index -> COMM_SELF handle for retries (opened on first need)
         self._self_fh = FileCache(self._open_self, lambda fh: fh.Close(), RETRY_HANDLES)
         try:
             for p in layout.files:
                 self._fh.append(MPI.File.Open(self.comm, p, MPI.MODE_RDONLY))
+                st = os.stat(p)
+                self._ids.append((st.st_dev, st.st_ino))
         except MPI.Exception as exc:
             self._close_files()
             self.comm.Free()
@@ -124,9 +141,21 @@ class MpiioReader(BlockReader):
         self._self_fh.close_all()
 
     def _open_self(self, f: int):
-        """This rank's own handle on file ``f`` (``COMM_SELF``), for independent retries."""
+        """This rank's own handle on file ``f`` (``COMM_SELF``), for independent retries; a DecodeError where the
+        path is now another file than the one the reader opened (replaced: its bytes are not the layout's)."""
         MPI = self._MPI
-        return MPI.File.Open(MPI.COMM_SELF, self.layout.files[f], MPI.MODE_RDONLY)
+        path = self.layout.files[f]
+        fh = MPI.File.Open(MPI.COMM_SELF, path, MPI.MODE_RDONLY)
+        try:
+            st = os.stat(path)
+            same = (st.st_dev, st.st_ino) == self._ids[f]
+        except OSError:
+            same = False
+        if not same:
+            fh.Close()
+            raise DecodeError(f"{path} was replaced while the job read it (not the file the reader opened): "
+                              "its bytes are not the planned layout's")
+        return fh
 
     def _retry_handle(self, f: int):
         """This rank's own handle on file ``f``, for independent retries.  Not pinned: only the thread
@@ -171,29 +200,65 @@ class MpiioReader(BlockReader):
             start_threads(self._pool, self.threads)
 
     def close(self) -> None:
-        """Collective over ``comm``: closes every file."""
+        """Collective over ``comm``: closes every file; collective reads of ranks still reading are taken part in
+        (with nothing to read) until every rank closes."""
         if not self._closed:
-            self._pool.shutdown(wait=True)
-            self._close_files()
-            self.comm.Free()
+            try:
+                if self.collective:
+                    self._drain()
+            finally:
+                self._pool.shutdown(wait=True)
+                self._close_files()
+                self.comm.Free()
         super().close()
+
+    def _drain(self) -> None:
+        """Take part, with nothing to read, in the collective reads the other ranks still make, until every rank
+        is closing (all say so in the same ``Allreduce``).  Another rank's read error is that rank's to raise."""
+        while True:
+            _, _, reading = self._rounds_of_call({}, None, [], reading=0)
+            self._raise_on_all_ranks(None, others=False)
+            if not reading:
+                return
+
+    def read_blocks(self, blocks, out: Sequence[np.ndarray]) -> ReadStats:
+        if not self.collective or self._closed:
+            return super().read_blocks(blocks, out)
+        self._in_call = False
+        try:
+            return super().read_blocks(blocks, out)
+        except Exception as exc:
+            if self._in_call:
+                raise
+            # refused before its collective part (a bad request on this rank): the other ranks wait in it
+            self._rounds_of_call({}, exc, [])
+            self._raise_on_all_ranks(exc)
+            raise
 
     # ----------------------------------------------------------------- read
     def _read(self, blocks: np.ndarray, out: Sequence[np.ndarray]) -> ReadStats:
         lay = self.layout
-        unwritten, plans = plan_reads(lay, blocks, self.policy)
-        for i in unwritten.tolist():
-            fill_unwritten(lay, int(blocks[i]), out[i])
-        stats = ReadStats(bytes_read=sum(fp.ranges.nbytes for fp in plans))
         futs: list = []
         err = None
-        try:
-            if self.collective:
-                stats.n_reads, err = self._read_collective(blocks, out, plans, futs)
-            else:
+        if self.collective:
+            stats = ReadStats()
+            try:  # a failure here is held: this rank still takes part in the rounds, with nothing to read
+                mine, err = self._my_rounds(blocks, out, stats)
+            except Exception as exc:
+                mine, err = {}, exc
+            try:
+                stats.n_reads, err, _ = self._rounds_of_call(mine, err, futs)
+            finally:
+                wait(futs)  # no worker writes into `out` after we return or raise
+        else:
+            unwritten, plans = plan_reads(lay, blocks, self.policy)
+            for i in unwritten.tolist():
+                fill_unwritten(lay, int(blocks[i]), out[i])
+            stats = ReadStats(bytes_read=sum(fp.ranges.nbytes for fp in plans))
+            try:
                 stats.n_reads = self._read_independent(blocks, out, plans, futs)
-        finally:
-            wait(futs)  # no worker writes into `out` after we return or raise
+            finally:
+                wait(futs)  # no worker writes into `out` after we return or raise
         if err is None:
             err = next((f.exception() for f in futs if f.exception() is not None), None)
         if self.collective:
@@ -202,14 +267,16 @@ class MpiioReader(BlockReader):
             raise err
         return stats
 
-    def _raise_on_all_ranks(self, err):
+    def _raise_on_all_ranks(self, err, others: bool = True):
+        """Collective: ``err`` raised here, and where another rank failed (``others``) a DecodeError naming it."""
         MPI = self._MPI
         if self.comm.allreduce(0 if err is None else 1, op=MPI.MAX) == 0:
             return
         msgs = self.comm.allgather(None if err is None else f"rank {self.comm.Get_rank()}: {err}")
         if err is not None:
             raise err
-        raise DecodeError(f"another rank failed in a collective read: {next(m for m in msgs if m)}")
+        if others:
+            raise DecodeError(f"another rank failed in a collective read: {next(m for m in msgs if m)}")
 
     def _deliver_range(self, buf: np.ndarray, blocks, rel, outs):
         """Copy/decode the blocks of one range from ``buf`` (the range's bytes) into ``outs``."""
@@ -265,33 +332,60 @@ class MpiioReader(BlockReader):
             rounds.append(cur)
         return rounds
 
-    def _read_collective(self, blocks, out, plans, futs):
-        MPI = self._MPI
+    def _my_rounds(self, blocks, out, stats) -> tuple:
+        """This rank's part of a collective call: ``({file: rounds}, error or None)`` (unwritten blocks filled)."""
         lay = self.layout
+        unwritten, plans = plan_reads(lay, blocks, self.policy)
+        for i in unwritten.tolist():
+            fill_unwritten(lay, int(blocks[i]), out[i])
+        stats.bytes_read = sum(fp.ranges.nbytes for fp in plans)
         mine, err = {}, None
         for fp in plans:
             parts, e = self._range_parts(fp, blocks, out)
             err = err or e
             mine[fp.file] = self._rounds(parts)
-        need = np.zeros(len(lay.files), dtype=np.int32)
+        return mine, err
+
+    @staticmethod
+    def _below(parts, size: int) -> int:
+        """Bytes of a round's packed buffer (``parts`` in order) that lie below file offset ``size``."""
+        pos = 0
+        for start, length, *_ in parts:
+            if start + length > size:
+                return pos + max(0, size - start)
+            pos += length
+        return pos
+
+    def _rounds_of_call(self, mine: dict, err, futs, reading: int = 1):
+        """The collective part of one call: agree on the rounds per file (and, with ``reading`` 0 from a closing
+        rank, on whether any rank still reads), read this rank's ``mine`` in them, deliver through ``futs``.
+        ``(ranges read, first error, any rank still reading)``; errors are held, never raised between rounds."""
+        MPI = self._MPI
+        lay = self.layout
+        need = np.zeros(len(lay.files) + 1, dtype=np.int32)
         for f, rounds in mine.items():
             need[f] = len(rounds)
+        need[-1] = reading
         agreed = np.empty_like(need)
+        self._in_call = True
         self.comm.Allreduce(need, agreed, op=MPI.MAX)
         n = 0
-        for f in np.flatnonzero(agreed).tolist():
+        for f in np.flatnonzero(agreed[:-1]).tolist():
             fh, path = self._fh[f], lay.files[f]
             rounds = mine.get(f, [])
             for k in range(int(agreed[f])):
                 parts = rounds[k] if k < len(rounds) else []
                 total = sum(p[1] for p in parts)
-                if total > _INT_MAX:  # a single chunk over 2 GiB: keep the ranks in step, fail after
-                    err = err or DecodeError(f"a range of {total} bytes in {path} is too big for one MPI read")
-                    parts, total = [], 0
-                buf = aligned.empty(total)
                 ftype = None
-                if parts:
-                    ftype = MPI.BYTE.Create_hindexed([p[1] for p in parts], [p[0] for p in parts]).Commit()
+                try:
+                    if total > _INT_MAX:  # a single chunk over 2 GiB: keep the ranks in step, fail after
+                        raise DecodeError(f"a range of {total} bytes in {path} is too big for one MPI read")
+                    buf = aligned.empty(total)
+                    if parts:
+                        ftype = MPI.BYTE.Create_hindexed([p[1] for p in parts], [p[0] for p in parts]).Commit()
+                except Exception as exc:  # (memory for the round): this rank reads nothing in it, fails after
+                    err = err or exc
+                    parts, buf, ftype = [], aligned.empty(0), None
                 fh.Set_view(0, MPI.BYTE, ftype if ftype is not None else MPI.BYTE)
                 st = MPI.Status()
                 try:
@@ -301,8 +395,10 @@ class MpiioReader(BlockReader):
                     got = 0  # this rank's part failed: retried independently below
                 if ftype is not None:
                     ftype.Free()
+                size = fh.Get_size()  # on every rank, every round (kept symmetric): the file as it is now
                 if not parts:
                     continue
+                got = min(got, self._below(parts, size))  # cut short since opened: the rest is retried, fails
                 n += len(parts)
                 pos = 0
                 for start, length, bl, rel, outs in parts:
@@ -323,4 +419,4 @@ class MpiioReader(BlockReader):
                             break
                     futs.append(self._pool.submit(self._deliver_range, buf[pos:pos + length], bl, rel, outs))
                     pos += length
-        return n, err
+        return n, err, bool(agreed[-1])
