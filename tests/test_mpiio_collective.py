@@ -115,3 +115,43 @@ def test_a_retry_handle_is_never_a_file_that_replaced_the_one_opened(tmp_path):
             reader._retry_handle(0)
         got = _read(reader, layout, [3])  # the handle opened reads the file it opened
         assert np.array_equal(got[0], _expected(3))
+
+
+class _NoCollectives:
+    """Stands in for the reader's communicator: any use fails the test."""
+
+    def __getattr__(self, name):
+        raise AssertionError(f"a read alone used the communicator ({name})")
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("parts", [False, True], ids=["blocks", "parts"])
+def test_a_read_alone_makes_no_collective_call(comm, shared_tmp, no_hang, parts):
+    """Blocks the plan wrongly called resident are read on the spot by one rank (``read_outside``, from the booking
+    thread while the I/O thread may be in a collective read): ``read_alone`` reads them on handles of its own, no
+    collective call, the bytes h5py's; the collective reads go on in step after it."""
+    from solar.buffer.steps import StepStats, read_outside
+    from solar.layout.parts import split_chunks
+    if comm.rank == 0:
+        with h5py.File(os.path.join(shared_tmp, "c.h5"), "w") as f:  # 4 rows a chunk: parts are rows of chunks
+            f.create_dataset("X", data=np.arange(ROWS * WIDTH, dtype="<f4").reshape(ROWS, WIDTH) + 1,
+                             chunks=(4, WIDTH))
+    comm.Barrier()
+    layout = build_layout(LayoutSpec("rows", ("c.h5",), ("X",), root=shared_tmp), workers=1)
+    if parts:
+        layout = split_chunks(layout)
+    with get_reader("mpiio", layout, comm=comm, threads=1) as reader:
+        inner = getattr(reader, "inner", reader)
+        real, inner.comm = inner.comm, _NoCollectives()
+        try:
+            mine = np.array([5 + comm.rank, 9], np.int64)
+            got = read_outside(reader, mine, layout.block_nbytes, StepStats(0))
+        finally:
+            inner.comm = real
+        def want(b):  # a part is one row; a block of the whole layout is a chunk of 4 rows
+            return _expected(b) if parts else np.concatenate([_expected(4 * b + j) for j in range(4)])
+
+        assert sorted(got) == sorted(mine.tolist())
+        assert all(np.array_equal(got[b], want(b)) for b in mine.tolist())
+        again = _read(reader, layout, [comm.rank])
+        assert np.array_equal(again[0], want(comm.rank))

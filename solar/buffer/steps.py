@@ -123,12 +123,13 @@ def check_distinct(g: int, blocks: np.ndarray, verb: str) -> None:
 
 def read_outside(reader, missing: np.ndarray, block_nbytes: np.ndarray, st: StepStats) -> Dict[int, np.ndarray]:
     """Blocks the plan said were resident and are not: counted (``plan_violations``) and read on the spot, so
-    that nothing wrong is delivered; ``{block: bytes}``."""
+    that nothing wrong is delivered; ``{block: bytes}``.  Read by this rank alone (``read_alone``): the other ranks
+    make no such call, so a collective reader's sequence of calls must not see it."""
     if not missing.size:
         return {}
     st.plan_violations = int(missing.shape[0])
     bufs = [np.empty(int(block_nbytes[b]), np.uint8) for b in missing.tolist()]
-    reader.read_blocks(missing, bufs)
+    getattr(reader, "read_alone", reader.read_blocks)(missing, bufs)  # (a stand-in reader may have read_blocks only)
     return dict(zip(missing.tolist(), bufs))
 
 

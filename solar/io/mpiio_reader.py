@@ -236,6 +236,42 @@ class MpiioReader(BlockReader):
             raise
 
     # ----------------------------------------------------------------- read
+    def read_alone(self, blocks, out: Sequence[np.ndarray]) -> ReadStats:
+        """Outside the collective sequence (any thread, no other rank involved): independent reads on ``COMM_SELF``
+        handles opened for the call (not the collective handles, whose file view the rounds set, nor the retry
+        handles, which the reading thread owns); the files must be those opened."""
+        if not self.collective:
+            return self.read_blocks(blocks, out)
+        return self._request(blocks, out, self._read_alone)
+
+    def _read_alone(self, blocks: np.ndarray, out: Sequence[np.ndarray]) -> ReadStats:
+        MPI, lay = self._MPI, self.layout
+        unwritten, plans = plan_reads(lay, blocks, self.policy)
+        for i in unwritten.tolist():
+            fill_unwritten(lay, int(blocks[i]), out[i])
+        stats = ReadStats(bytes_read=sum(fp.ranges.nbytes for fp in plans))
+        handles: dict = {}
+        futs: list = []
+
+        def handle(f: int):
+            if f not in handles:
+                try:
+                    handles[f] = self._open_self(f)
+                except MPI.Exception as exc:
+                    raise DecodeError(f"MPI-IO cannot open {lay.files[f]}: {exc.Get_error_string()}") from None
+            return handles[f]
+
+        try:
+            stats.n_reads = self._read_independent(blocks, out, plans, futs, handle)
+        finally:
+            wait(futs)
+            for fh in handles.values():
+                fh.Close()
+        err = next((f.exception() for f in futs if f.exception() is not None), None)
+        if err is not None:
+            raise err
+        return stats
+
     def _read(self, blocks: np.ndarray, out: Sequence[np.ndarray]) -> ReadStats:
         lay = self.layout
         futs: list = []
@@ -300,10 +336,11 @@ class MpiioReader(BlockReader):
             parts.append((start, length, blocks[p], rel, [out[i] for i in p.tolist()]))
         return parts, err
 
-    def _read_independent(self, blocks, out, plans, futs) -> int:
+    def _read_independent(self, blocks, out, plans, futs, handle=None) -> int:
+        """Each range with ``Read_at`` on ``handle(file)`` (default: the handles opened at construction)."""
         n = 0
         for fp in plans:
-            fh = self._fh[fp.file]
+            fh = self._fh[fp.file] if handle is None else handle(fp.file)
             parts, err = self._range_parts(fp, blocks, out)
             if err is not None:
                 raise err

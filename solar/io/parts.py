@@ -63,7 +63,11 @@ class PartReader(BlockReader):
             if len(self._free) < KEEP and buf.shape[0] == SCRATCH_BYTES:
                 self._free.append(buf)
 
-    def _read(self, blocks: np.ndarray, out: Sequence[np.ndarray]) -> ReadStats:
+    def read_alone(self, blocks, out: Sequence[np.ndarray]) -> ReadStats:
+        return self._request(blocks, out, lambda b, o: self._read(b, o, alone=True))
+
+    def _read(self, blocks: np.ndarray, out: Sequence[np.ndarray], alone: bool = False) -> ReadStats:
+        read = self.inner.read_alone if alone else self.inner.read_blocks
         parent = self._parent[blocks]
         chunks, where = np.unique(parent, return_inverse=True)  # where[i]: chunk of blocks[i] in `chunks`
         where = where.reshape(-1)
@@ -88,7 +92,7 @@ class PartReader(BlockReader):
             buf = self._scratch(total)
             try:
                 views = [buf[int(end[j] - size[j]) - base:int(end[j]) - base] for j in range(a, b)]
-                stats += self.inner.read_blocks(chunks[a:b], views)
+                stats += read(chunks[a:b], views)
                 mine = order[bounds[g]:bounds[g + 1]]  # the parts of these chunks: where each lies in buf
                 src = end[where[mine]] - size[where[mine]] - base + self._offset[blocks[mine]]
                 dst = np.fromiter((out[i].ctypes.data for i in mine.tolist()), np.int64, mine.shape[0])

@@ -116,15 +116,25 @@ class BlockReader(abc.ABC):
         Raises :class:`~solar.errors.DecodeError` naming the file, dataset and
         chunk for corrupt or missing bytes.
         """
+        return self._request(blocks, out, self._read)
+
+    def read_alone(self, blocks, out: Sequence[np.ndarray]) -> ReadStats:
+        """:meth:`read_blocks` on this rank alone, from any thread: for a collective reader outside the sequence
+        of calls every rank makes (blocks the plan wrongly called resident, read on the spot by one rank); for
+        the others the same as :meth:`read_blocks`."""
+        return self.read_blocks(blocks, out)
+
+    def _request(self, blocks, out: Sequence[np.ndarray], read) -> ReadStats:
+        """A validated request served by ``read`` (distinct blocks, as :meth:`_read`), repeated ids copied."""
         if self._closed:
             raise ValueError(f"reader {self.name!r} is closed")
         blocks = check_request(self.layout, blocks, out)
         t0 = time.perf_counter()
         _, first, inverse = np.unique(blocks, return_index=True, return_inverse=True)
         if first.shape[0] == blocks.shape[0]:
-            stats = self._read(blocks, out)
+            stats = read(blocks, out)
         else:
-            stats = self._read(blocks[first], [out[i] for i in first.tolist()])
+            stats = read(blocks[first], [out[i] for i in first.tolist()])
             src = first[inverse.reshape(-1)]
             for i in np.flatnonzero(src != np.arange(blocks.shape[0])).tolist():
                 out[i][:] = out[int(src[i])]
