@@ -75,9 +75,24 @@ def test_ranks_closing_after_different_numbers_of_reads_all_close(comm, shared_t
     comm.Barrier()
 
 
+def _chunked(comm, root, parts):
+    """A file of 4 rows a chunk: blocks are chunks, or with ``parts`` rows of chunks (the parts reader)."""
+    from solar.layout.parts import split_chunks
+    if comm.rank == 0:
+        with h5py.File(os.path.join(root, "c.h5"), "w") as f:
+            f.create_dataset("X", data=np.arange(ROWS * WIDTH, dtype="<f4").reshape(ROWS, WIDTH) + 1,
+                             chunks=(4, WIDTH))
+    comm.Barrier()
+    layout = build_layout(LayoutSpec("rows", ("c.h5",), ("X",), root=root), workers=1)
+    return split_chunks(layout) if parts else layout
+
+
 @pytest.mark.mpi
-def test_a_request_one_rank_refuses_ends_the_call_on_every_rank(comm, shared_tmp, no_hang):
-    layout = _layout(comm, shared_tmp)
+@pytest.mark.parametrize("parts", [False, True], ids=["blocks", "parts"])
+def test_a_request_one_rank_refuses_ends_the_call_on_every_rank(comm, shared_tmp, no_hang, parts):
+    """Also through the parts reader, which refused the request before its inner (collective) call: the other
+    ranks got no error and the ranks stayed a call apart (a hang at the next collective of another kind)."""
+    layout = _chunked(comm, shared_tmp, True) if parts else _layout(comm, shared_tmp)
     bad = comm.size - 1
     with get_reader("mpiio", layout, comm=comm, threads=1) as reader:
         blocks = np.array([comm.rank, comm.rank + 2], np.int64)
@@ -131,15 +146,7 @@ def test_a_read_alone_makes_no_collective_call(comm, shared_tmp, no_hang, parts)
     thread while the I/O thread may be in a collective read): ``read_alone`` reads them on handles of its own, no
     collective call, the bytes h5py's; the collective reads go on in step after it."""
     from solar.buffer.steps import StepStats, read_outside
-    from solar.layout.parts import split_chunks
-    if comm.rank == 0:
-        with h5py.File(os.path.join(shared_tmp, "c.h5"), "w") as f:  # 4 rows a chunk: parts are rows of chunks
-            f.create_dataset("X", data=np.arange(ROWS * WIDTH, dtype="<f4").reshape(ROWS, WIDTH) + 1,
-                             chunks=(4, WIDTH))
-    comm.Barrier()
-    layout = build_layout(LayoutSpec("rows", ("c.h5",), ("X",), root=shared_tmp), workers=1)
-    if parts:
-        layout = split_chunks(layout)
+    layout = _chunked(comm, shared_tmp, parts)
     with get_reader("mpiio", layout, comm=comm, threads=1) as reader:
         inner = getattr(reader, "inner", reader)
         real, inner.comm = inner.comm, _NoCollectives()
@@ -155,3 +162,37 @@ def test_a_read_alone_makes_no_collective_call(comm, shared_tmp, no_hang, parts)
         assert all(np.array_equal(got[b], want(b)) for b in mine.tolist())
         again = _read(reader, layout, [comm.rank])
         assert np.array_equal(again[0], want(comm.rank))
+
+
+@pytest.mark.mpi
+def test_a_resumed_device_buffer_s_warm_up_in_parts_makes_no_collective_call(comm, shared_tmp, no_hang, monkeypatch):
+    """A resumed device buffer warms up in parts of bounded host staging, as many as the rank's resident bytes
+    take: with the collective reader, ranks made different numbers of collective calls before their first step,
+    and under a per-step allreduce (DDP) one waited for a call the other could not make (a hang).  The warm-up
+    parts are read alone; here rank 0 stages in small parts (standing in for a rank holding more)."""
+    import solar.buffer.rank_place as rank_place
+    from helpers import make_dataset
+    from solar.loader import SolarLoader
+    if comm.rank == 0:
+        data = make_dataset(shared_tmp, "ptychonn", "contiguous", samples=96)
+        plan = os.path.join(shared_tmp, "plan.h5")
+        solar.plan(data, world_size=comm.size, local_batch=2, epochs=2, buffer_fraction=0.5, out=plan).close()
+    else:
+        data = plan = None
+    data, plan = comm.bcast((data, plan), root=0)
+    if comm.rank == 0:
+        monkeypatch.setattr(rank_place, "WARMUP_STAGING", 20000)
+    with SolarLoader(plan, data, comm=comm, reader="mpiio", buffer_device="cpu", cpus=1) as loader:
+        inner = getattr(loader.reader, "inner", loader.reader)
+        alone, real = [], inner.read_alone
+        monkeypatch.setattr(inner, "read_alone", lambda b, o: alone.append(len(b)) or real(b, o))
+        state = loader.state_dict()
+        state["step"] = 30
+        loader.load_state_dict(state)
+        steps = 0
+        for batch in loader:
+            comm.allreduce(1)  # the training's gradient allreduce
+            steps += 1
+    assert steps == (30 // loader.S + 1) * loader.S - 30  # the rest of the epoch of step 30
+    if comm.rank == 0:
+        assert len(alone) >= 2, alone  # its warm-up parts, read alone

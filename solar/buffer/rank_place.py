@@ -110,9 +110,13 @@ class RankPlace:
         parts = [blocks] if not getattr(self.pools, "on_device", False) else \
             _parts_of(blocks, self.pools.class_bytes[self.class_of[blocks]],  # (rows of their class's width)
                       min(WARMUP_STAGING, self.staging_limit or WARMUP_STAGING))
+        # parts: as many as this rank's resident bytes take, so a collective reader reads them alone (no rank waits
+        # for calls another rank does not make); in one part every rank makes the one call, collective or not
+        read = self.reader.read_blocks if len(parts) == 1 and not getattr(self.pools, "on_device", False) else \
+            getattr(self.reader, "read_alone", self.reader.read_blocks)
         for part in parts:
             views, pending = self._alloc(part)
-            self.warmup["bytes_read"] += int(self.reader.read_blocks(part, views).bytes_read)
+            self.warmup["bytes_read"] += int(read(part, views).bytes_read)
             self._commit(pending)
 
     def poll(self, booked) -> bool:

@@ -203,6 +203,7 @@ class MpiioReader(BlockReader):
         """Collective over ``comm``: closes every file; collective reads of ranks still reading are taken part in
         (with nothing to read) until every rank closes."""
         if not self._closed:
+            self._closed = True  # (a close that failed is not run again)
             try:
                 if self.collective:
                     self._drain()
@@ -230,16 +231,24 @@ class MpiioReader(BlockReader):
         except Exception as exc:
             if self._in_call:
                 raise
-            # refused before its collective part (a bad request on this rank): the other ranks wait in it
-            self._rounds_of_call({}, exc, [])
-            self._raise_on_all_ranks(exc)
+            self.fail_call(exc)  # refused before its collective part (a bad request on this rank)
             raise
+
+    def fail_call(self, exc: BaseException) -> None:
+        """A call that failed on this rank before its collective part (``exc``; a wrapping reader's too: the parts
+        reader's): take part in it with nothing to read, so the other ranks are not left waiting, and raise ``exc``
+        here and "another rank failed" on the others."""
+        self._rounds_of_call({}, exc, [])
+        self._raise_on_all_ranks(exc)
+        raise exc
 
     # ----------------------------------------------------------------- read
     def read_alone(self, blocks, out: Sequence[np.ndarray]) -> ReadStats:
         """Outside the collective sequence (any thread, no other rank involved): independent reads on ``COMM_SELF``
         handles opened for the call (not the collective handles, whose file view the rounds set, nor the retry
-        handles, which the reading thread owns); the files must be those opened."""
+        handles, which the reading thread owns); the files must be those opened.  ROMIO holds one lock through a
+        collective read, so a read alone beside another thread's ``Read_all`` waits for that round (for the
+        slowest rank to reach it)."""
         if not self.collective:
             return self.read_blocks(blocks, out)
         return self._request(blocks, out, self._read_alone)

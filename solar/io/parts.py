@@ -47,6 +47,7 @@ class PartReader(BlockReader):
         self._chunk_nbytes = np.asarray(chunks_of(layout).block_nbytes)
         self._nbytes = np.asarray(layout.block_nbytes, dtype=np.int64)
         self._free: list = []  # scratch buffers of SCRATCH_BYTES not in use (calls may run at once)
+        self._inner_called = False
         self._lock = threading.Lock()
 
     def _scratch(self, nbytes: int) -> np.ndarray:
@@ -63,11 +64,29 @@ class PartReader(BlockReader):
             if len(self._free) < KEEP and buf.shape[0] == SCRATCH_BYTES:
                 self._free.append(buf)
 
+    def read_blocks(self, blocks, out: Sequence[np.ndarray]) -> ReadStats:
+        if not self.collective:
+            return super().read_blocks(blocks, out)
+        self._inner_called = False  # a collective inner reader: one inner call per call, every rank
+        try:
+            return super().read_blocks(blocks, out)
+        except Exception as exc:
+            if self._inner_called or not hasattr(self.inner, "fail_call"):
+                raise
+            self.inner.fail_call(exc)  # failed before the inner call (a refused request, no scratch memory)
+            raise
+
     def read_alone(self, blocks, out: Sequence[np.ndarray]) -> ReadStats:
         return self._request(blocks, out, lambda b, o: self._read(b, o, alone=True))
 
     def _read(self, blocks: np.ndarray, out: Sequence[np.ndarray], alone: bool = False) -> ReadStats:
-        read = self.inner.read_alone if alone else self.inner.read_blocks
+        inner = self.inner.read_alone if alone else self.inner.read_blocks
+
+        def read(chunks, views):
+            if not alone:
+                self._inner_called = True
+            return inner(chunks, views)
+
         parent = self._parent[blocks]
         chunks, where = np.unique(parent, return_inverse=True)  # where[i]: chunk of blocks[i] in `chunks`
         where = where.reshape(-1)
