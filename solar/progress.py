@@ -137,25 +137,28 @@ def each(iterable, total: Optional[int], desc: str, unit: str, mode: Mode):
 def compile_notice(desc: str, mode: Mode, after_s: Optional[float] = None):
     """Around work whose numba kernels may have to be compiled (the first run after an install or an upgrade, or
     with a new ``NUMBA_CACHE_DIR``: up to a minute or two, with nothing else to show): where numba has been
-    compiling for ``after_s`` seconds (default :data:`COMPILE_NOTICE_S`) and the work is not done, one line on
-    stderr says so.  Kernels loaded from numba's cache compile nothing and print nothing; so does ``mode`` off."""
+    compiling for ``after_s`` seconds (default :data:`COMPILE_NOTICE_S`; a compile still under way then) and the work
+    is not done, one line on stderr says so.  Kernels loaded from numba's cache compile nothing and print nothing; so does ``mode`` off."""
     how = resolve(mode)
     if how is None:
         yield
         return
     from numba.core import event
 
-    compiling, done = threading.Event(), threading.Event()
+    under_way, done = [0], threading.Event()  # compiles started and not ended (numba's events nest)
+    lock = threading.Lock()
 
     class _Listener(event.Listener):
         def on_start(self, ev):
-            compiling.set()
+            with lock:
+                under_way[0] += 1
 
         def on_end(self, ev):
-            pass
+            with lock:
+                under_way[0] -= 1
 
     def notice():
-        if compiling.is_set() and not done.is_set():
+        if under_way[0] > 0 and not done.is_set():
             line = (f"{desc}: compiling numba kernels (after an install or upgrade only: up to a minute or two; "
                     "numba caches them for later runs)")
             if how == "bar":

@@ -151,3 +151,9 @@ def test_a_kernel_compiling_for_long_is_said_once_and_one_loaded_says_nothing(ca
     with compile_notice("plan solar", False, after_s=0.0):
         slow_compile()
     assert capsys.readouterr().err == ""
+    with compile_notice("plan solar", "lines", after_s=0.05):  # a compile that ended before the delay, then work
+        from numba.core import event
+        with event.trigger_event("numba:compile", data={"dispatcher": None, "args": (), "return_type": None}):
+            pass
+        threading.Event().wait(0.2)
+    assert capsys.readouterr().err == ""

@@ -46,9 +46,8 @@ def torch_device(device):
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             raise SpecError(f"buffer_device {device!r}: CUDA is not available in this process")
-        if dev.index is None:
-            dev = rank_gpu(dev)
-        elif dev.index >= torch.cuda.device_count():
+        dev = rank_gpu(dev)  # plain "cuda": the rank's GPU
+        if dev.index >= torch.cuda.device_count():
             raise SpecError(f"buffer_device {device!r}: this process sees {torch.cuda.device_count()} CUDA "
                             "device(s)")
     return dev

@@ -106,14 +106,15 @@ class RankPlace:
         self._ghost[blocks[~need]] = True
         blocks = blocks[need]
         self.warmup = {"blocks": int(blocks.shape[0]), "skipped": int((~need).sum()), "bytes_read": 0}
-        # device pools stage their reads on the host: in parts of at most WARMUP_STAGING bytes, not all at once
-        parts = [blocks] if not getattr(self.pools, "on_device", False) else \
-            _parts_of(blocks, self.pools.class_bytes[self.class_of[blocks]],  # (rows of their class's width)
-                      min(WARMUP_STAGING, self.staging_limit or WARMUP_STAGING))
-        # parts: as many as this rank's resident bytes take, so a collective reader reads them alone (no rank waits
-        # for calls another rank does not make); in one part every rank makes the one call, collective or not
-        read = self.reader.read_blocks if len(parts) == 1 and not getattr(self.pools, "on_device", False) else \
-            getattr(self.reader, "read_alone", self.reader.read_blocks)
+        # device pools stage their reads on the host: in parts of at most WARMUP_STAGING bytes, not all at once, as
+        # many as this rank's resident bytes take, so read alone (a collective reader's ranks would make different
+        # numbers of calls); a host buffer's one call is made by every rank, collective or not
+        if not getattr(self.pools, "on_device", False):
+            parts, read = [blocks], self.reader.read_blocks
+        else:
+            parts = _parts_of(blocks, self.pools.class_bytes[self.class_of[blocks]],  # (rows of their class's width)
+                              min(WARMUP_STAGING, self.staging_limit or WARMUP_STAGING))
+            read = getattr(self.reader, "read_alone", self.reader.read_blocks)
         for part in parts:
             views, pending = self._alloc(part)
             self.warmup["bytes_read"] += int(read(part, views).bytes_read)

@@ -254,59 +254,50 @@ class MpiioReader(BlockReader):
         return self._request(blocks, out, self._read_alone)
 
     def _read_alone(self, blocks: np.ndarray, out: Sequence[np.ndarray]) -> ReadStats:
-        MPI, lay = self._MPI, self.layout
-        unwritten, plans = plan_reads(lay, blocks, self.policy)
-        for i in unwritten.tolist():
-            fill_unwritten(lay, int(blocks[i]), out[i])
-        stats = ReadStats(bytes_read=sum(fp.ranges.nbytes for fp in plans))
+        MPI = self._MPI
         handles: dict = {}
-        futs: list = []
 
         def handle(f: int):
             if f not in handles:
                 try:
                     handles[f] = self._open_self(f)
                 except MPI.Exception as exc:
-                    raise DecodeError(f"MPI-IO cannot open {lay.files[f]}: {exc.Get_error_string()}") from None
+                    raise DecodeError(f"MPI-IO cannot open {self.layout.files[f]}: {exc.Get_error_string()}") \
+                        from None
             return handles[f]
 
         try:
-            stats.n_reads = self._read_independent(blocks, out, plans, futs, handle)
+            return self._read(blocks, out, handle)
         finally:
-            wait(futs)
             for fh in handles.values():
                 fh.Close()
-        err = next((f.exception() for f in futs if f.exception() is not None), None)
-        if err is not None:
-            raise err
-        return stats
 
-    def _read(self, blocks: np.ndarray, out: Sequence[np.ndarray]) -> ReadStats:
-        lay = self.layout
-        futs: list = []
-        err = None
-        if self.collective:
-            stats = ReadStats()
-            try:  # a failure here is held: this rank still takes part in the rounds, with nothing to read
-                mine, err = self._my_rounds(blocks, out, stats)
-            except Exception as exc:
-                mine, err = {}, exc
-            try:
+    def _plan(self, blocks, out, stats: ReadStats) -> list:
+        """The call's reads (FilePlans); blocks never written are filled here, ``stats.bytes_read`` set."""
+        unwritten, plans = plan_reads(self.layout, blocks, self.policy)
+        for i in unwritten.tolist():
+            fill_unwritten(self.layout, int(blocks[i]), out[i])
+        stats.bytes_read = sum(fp.ranges.nbytes for fp in plans)
+        return plans
+
+    def _read(self, blocks: np.ndarray, out: Sequence[np.ndarray], handle=None) -> ReadStats:
+        """Collective rounds (a collective reader), or independent reads (on ``handle(file)``: :meth:`read_alone`)."""
+        collective = self.collective and handle is None
+        stats, futs, err = ReadStats(), [], None
+        try:
+            if collective:
+                try:  # a failure here is held: this rank still takes part in the rounds, with nothing to read
+                    mine, err = self._my_rounds(blocks, out, stats)
+                except Exception as exc:
+                    mine, err = {}, exc
                 stats.n_reads, err, _ = self._rounds_of_call(mine, err, futs)
-            finally:
-                wait(futs)  # no worker writes into `out` after we return or raise
-        else:
-            unwritten, plans = plan_reads(lay, blocks, self.policy)
-            for i in unwritten.tolist():
-                fill_unwritten(lay, int(blocks[i]), out[i])
-            stats = ReadStats(bytes_read=sum(fp.ranges.nbytes for fp in plans))
-            try:
-                stats.n_reads = self._read_independent(blocks, out, plans, futs)
-            finally:
-                wait(futs)  # no worker writes into `out` after we return or raise
+            else:
+                stats.n_reads = self._read_independent(blocks, out, self._plan(blocks, out, stats), futs, handle)
+        finally:
+            wait(futs)  # no worker writes into `out` after we return or raise
         if err is None:
             err = next((f.exception() for f in futs if f.exception() is not None), None)
-        if self.collective:
+        if collective:
             self._raise_on_all_ranks(err)
         elif err is not None:
             raise err
@@ -380,13 +371,8 @@ class MpiioReader(BlockReader):
 
     def _my_rounds(self, blocks, out, stats) -> tuple:
         """This rank's part of a collective call: ``({file: rounds}, error or None)`` (unwritten blocks filled)."""
-        lay = self.layout
-        unwritten, plans = plan_reads(lay, blocks, self.policy)
-        for i in unwritten.tolist():
-            fill_unwritten(lay, int(blocks[i]), out[i])
-        stats.bytes_read = sum(fp.ranges.nbytes for fp in plans)
         mine, err = {}, None
-        for fp in plans:
+        for fp in self._plan(blocks, out, stats):
             parts, e = self._range_parts(fp, blocks, out)
             err = err or e
             mine[fp.file] = self._rounds(parts)

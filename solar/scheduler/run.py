@@ -483,9 +483,8 @@ class PlanRun:
         self.first_step = int(first_step)
         result = PolicyResult(self.pol.name, [self.source_epoch(e) for e in range(self.planned, stop)])
         it = range(self.planned, int(stop))
-        from ..progress import compile_notice
+        from ..progress import compile_notice, each
         if progress:
-            from ..progress import each
             it = each(it, len(it), f"plan {self.pol.name}{progress_label}", "epoch", progress)
         pool = ThreadPoolExecutor(1, thread_name_prefix="solar-plan-ahead") if int(stop) - self.planned > 1 else None
         first = self.planned
