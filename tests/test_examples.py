@@ -21,8 +21,8 @@ from helpers import make_dataset
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(ROOT, "examples")
-# five 2-rank launches: about a minute on 2 idle cores.  One xdist group, so that the module fixture (four of
-# those launches) runs once, not once on each worker (`make test` runs -n 2 --dist loadgroup: it ran twice)
+# five 2-rank launches: about a minute on 2 idle cores.  One xdist group, so that the fixture (four of those
+# launches) runs once, not once on each worker (`make test` runs -n 2 --dist loadgroup: it ran twice)
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("examples")]
 
 P, B, EPOCHS, N, SIZE = 2, 8, 3, 256, 16  # 16 steps per epoch
@@ -98,7 +98,9 @@ def expected_batches(plan, loader):
     return out
 
 
-@pytest.fixture(scope="module")
+# session, not module: xdist runs other modules' tests between this group's on the same worker, and a module
+# fixture is torn down at each switch (it was made twice, ~55 s each, in one `make test`)
+@pytest.fixture(scope="session")
 def ptycho(tmp_path_factory):
     """Training and held-out data, a schedule; per loader an uninterrupted run with held-out evaluation;
     for solar also a run stopped after STOP steps then resumed to TOTAL."""

@@ -6,6 +6,7 @@ overwritten, an error in the loader process is raised where the step is taken (i
 loader process is an error naming the signal (no hang), and what cannot run in a process is a one-line
 SpecError.  ``mpi``: each rank of ``mpiexec -n 2`` runs its own loader process beside the communicator.
 """
+import contextlib
 import os
 import signal
 import time
@@ -300,10 +301,14 @@ sys.path.insert(0, {tests!r})
 from solar.loader import SolarLoader
 a = SolarLoader({plan!r}, {data!r}, rank=0, process=True)
 next(iter(a))
-print(a.process_pid, flush=True)
-if os.fork() == 0:  # a forked helper (a DataLoader worker) keeps the socket open
+helper = os.fork()
+if helper == 0:  # a forked helper (a DataLoader worker) keeps the socket open, not the test's pipes
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)
+    os.dup2(null, 2)
     time.sleep(30)
     os._exit(0)
+print(a.process_pid, helper, flush=True)
 os._exit(0)  # the training process dies without closing anything
 """
 
@@ -314,22 +319,27 @@ def test_the_loader_process_ends_when_the_training_process_dies_even_if_it_forke
     here = os.path.dirname(os.path.abspath(__file__))
     r = subprocess.run([sys.executable, "-c", FORKED.format(tests=here, plan=job[0], data=job[1])],
                        capture_output=True, text=True, timeout=120)
-    pid = int(r.stdout.split()[0])
-    def running():  # a zombie (ended, not reaped yet: its new parent may be slow to) counts as ended
+    pid, helper = map(int, r.stdout.split()[:2])  # returns at once: the helper holds none of the test's pipes
+    def running(p=pid):  # a zombie (ended, not reaped yet: its new parent may be slow to) counts as ended
         try:
-            with open(f"/proc/{pid}/stat") as f:
+            with open(f"/proc/{p}/stat") as f:
                 return f.read().rsplit(")", 1)[1].split()[0] != "Z"
         except OSError:
             return False
 
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < 20:
-        if not running():
-            break
-        time.sleep(0.2)
-    else:
-        os.kill(pid, signal.SIGKILL)
-        pytest.fail("the loader process outlived the training process")
+    try:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 20:
+            if not running():
+                break
+            time.sleep(0.2)
+        else:
+            os.kill(pid, signal.SIGKILL)
+            pytest.fail("the loader process outlived the training process")
+        assert running(helper)  # the helper still holds the socket: the loader process did not wait for it
+    finally:
+        with contextlib.suppress(OSError):
+            os.kill(helper, signal.SIGKILL)
 
 
 @pytest.mark.parametrize("prefetch", [2, 3])

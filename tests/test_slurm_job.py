@@ -1,7 +1,8 @@
 """slurm/plan_and_train.sbatch on the one-machine cluster of slurm/local_cluster.sh.
 
 The test starts a private cluster (its own state folder, munged, free ports and job ids), then
-``sbatch --wait``s the batch script three times on a 32-sample PtychoNN-style file, 2 tasks:
+submits the batch script three times (waiting for each job to end) on a 32-sample PtychoNN-style
+file, 2 tasks:
 
 1. plan (in the job) + train, stopped after 3 of the 8 steps: both ranks trained 3 steps;
 2. the same job again: it resumes from the checkpoint at step 3 and trains the schedule's
@@ -44,7 +45,7 @@ S = SAMPLES // (P * B)          # steps per epoch
 TOTAL = EPOCHS * S              # steps of the whole job
 INSTALL_LIMIT_S = 240           # apt-get update + install
 CLUSTER_LIMIT_S = 90            # local_cluster.sh start / stop
-JOB_LIMIT_S = 300               # one sbatch --wait (the job is also given --time=5)
+JOB_LIMIT_S = 300               # one job, submitted and waited for (it is also given --time=5)
 DAEMONS = ("munged", "slurmctld", "slurmd", "watcher")
 FOREIGN = ("SLURM_", "PMI_", "PMIX_", "HYDRA_", "OMPI_", "MPI_LOCAL")  # launcher variables of an outer job
 
@@ -226,19 +227,43 @@ def cluster(record_property):
         yield env, jobs
 
 
+ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL",
+         "DEADLINE")
+
+
+def wait_for_job(env: dict, job: int, limit: float) -> tuple:
+    """(exit status of the batch script or None if it did not end within ``limit`` s, scontrol's line).
+    Polled every 0.5 s: ``sbatch --wait`` returned up to 30 s after the job had ended (its own polling)."""
+    deadline = time.monotonic() + limit
+    line = ""
+    while time.monotonic() < deadline:
+        rc, line = run(["scontrol", "--oneliner", "show", "job", str(job)], env, 30)
+        state = re.search(r"\bJobState=(\w+)", line or "")
+        if rc == 0 and state and state.group(1) in ENDED:
+            code = re.search(r"\bExitCode=(\d+):(\d+)", line)
+            return (int(code.group(1)) or int(code.group(2)) if code else -1), line
+        time.sleep(0.5)
+    run(["scancel", str(job)], env, 30)
+    return None, line
+
+
 def submit(env: dict, jobs: list, work, name: str, **variables) -> str:
-    """sbatch --wait plan_and_train.sbatch (2 tasks on the one node) with ``variables`` in its
-    environment; returns the job's output, after asserting that it succeeded."""
-    cmd = ["sbatch", "--wait", "--parsable", f"--job-name=solar-test-{name}", "--nodes=1", f"--ntasks={P}",
+    """sbatch plan_and_train.sbatch (2 tasks on the one node) with ``variables`` in its environment and
+    wait for it to end; returns the job's output, after asserting that it succeeded."""
+    cmd = ["sbatch", "--parsable", f"--job-name=solar-test-{name}", "--nodes=1", f"--ntasks={P}",
            f"--ntasks-per-node={P}", "--cpus-per-task=1", "--gpus-per-node=0", "--time=5",
            f"--output={work}/{name}-%j.out", BATCH]
     job_env = dict(env, SOLAR_DIR=ROOT, PYTHON=sys.executable, PYTHONPATH=ROOT, **variables)
+    t0 = time.monotonic()
     rc, out = run(cmd, job_env, JOB_LIMIT_S, cwd=ROOT)
-    jobs.extend(int(i) for i in re.findall(r"^(\d+)", out, re.MULTILINE)[:1])  # --parsable: the id first
+    ids = [int(i) for i in re.findall(r"^(\d+)", out or "", re.MULTILINE)[:1]]  # --parsable: the id first
+    assert rc == 0 and ids, f"sbatch ({name}) {'did not end in time' if rc is None else f'exited {rc}'}:\n{out[-1500:]}"
+    jobs.extend(ids)
+    rc, out = wait_for_job(env, ids[0], JOB_LIMIT_S - (time.monotonic() - t0))
     log = "".join(read_text(os.path.join(work, f))
                   for f in sorted(os.listdir(work)) if f.startswith(f"{name}-") and f.endswith(".out"))
     status = "did not end in time" if rc is None else f"exited {rc}"
-    assert rc == 0, f"sbatch --wait ({name}) {status}:\n{out[-1500:]}\n--- job output:\n{log[-4000:]}"
+    assert rc == 0, f"job {name} {status}:\n{out[-1500:]}\n--- job output:\n{log[-4000:]}"
     return log
 
 
