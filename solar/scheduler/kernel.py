@@ -152,7 +152,7 @@ class Scratch(NamedTuple):
     cand_nu: np.ndarray  # int64[C]  ... their next uses (C: G x the most units of one extent)
 
 
-@nb.njit(cache=True, nogil=True)
+@nb.njit(cache=True, nogil=True, no_cpython_wrapper=True)
 def scratch(job):
     """:class:`Scratch` for one epoch of ``job`` (a :class:`Job`)."""
     S = job.bounds.shape[0] - 1

@@ -12,7 +12,7 @@ import numba as nb
 from .kernel import BOUNDARY, COUNT, INF, STRIDED
 
 
-@nb.njit(cache=True, nogil=True)
+@nb.njit(cache=True, nogil=True, no_cpython_wrapper=True)
 def assign_step(k, job, ep, buf, out, sc):
     """Give each position of step ``k`` a buffer (``out.buf_of``), counting each buffer's samples in ``sc.cnt``.
 
@@ -53,7 +53,7 @@ def assign_step(k, job, ep, buf, out, sc):
         route_step(k, job, ep, buf, buf_of, sc)
 
 
-@nb.njit(cache=True, nogil=True)
+@nb.njit(cache=True, nogil=True, no_cpython_wrapper=True)
 def group_by_buffer(k, job, out, sc):
     """Step ``k``'s positions grouped by buffer in ``sc.pos_by``/``sc.start`` (a counting sort: index order
     inside a buffer); each buffer's sample count in ``out.st[COUNT, k]``."""
@@ -75,7 +75,7 @@ def group_by_buffer(k, job, out, sc):
         lim[r] += 1
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, no_cpython_wrapper=True)
 def _rr_next(ptr, P, cnt, limit):
     """Next rank (round robin from ptr[0]) with cnt < limit[rank]; -1 if none."""
     for _ in range(P):
@@ -86,7 +86,7 @@ def _rr_next(ptr, P, cnt, limit):
     return -1
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, no_cpython_wrapper=True)
 def _least_due_pick(ptr, P, cnt, limit, due, slot, cap_t):
     """Among ranks with a free slot, one holding the fewest blocks due at ring slot ``slot``,
     if fewer than ``cap_t`` (the first such in round-robin order from ``ptr``); else any free rank."""
@@ -104,7 +104,7 @@ def _least_due_pick(ptr, P, cnt, limit, due, slot, cap_t):
     return _rr_next(ptr, P, cnt, limit)
 
 
-@nb.njit(cache=True, nogil=True)
+@nb.njit(cache=True, nogil=True, no_cpython_wrapper=True)
 def route_step(k, job, ep, buf, rank_of, sc):
     """Assign positions of step ``k`` (``job.bounds[k]:job.bounds[k+1]``) to buffers.
 

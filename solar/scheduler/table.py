@@ -18,7 +18,7 @@ def _slot(key, mask):
     return np.int64((np.uint64(key) * _GOLD) >> np.uint64(24)) & mask  # wraps mod 2**64 by design
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, no_cpython_wrapper=True)
 def ht_find(keys, key):
     mask = keys.shape[0] - 1
     h = _slot(key, mask)
@@ -31,7 +31,7 @@ def ht_find(keys, key):
         h = (h + 1) & mask
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, no_cpython_wrapper=True)
 def ht_insert(keys, key):
     """Slot for a key known to be absent; ``-slot-1`` when it reused a tombstone."""
     mask = keys.shape[0] - 1
@@ -43,7 +43,7 @@ def ht_insert(keys, key):
     return -h - 1 if was_tomb else h
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, no_cpython_wrapper=True)
 def heap_push(hk, hb, hn, r, key, blk):
     i = hn[r]
     hn[r] = i + 1
@@ -58,7 +58,7 @@ def heap_push(hk, hb, hn, r, key, blk):
     hb[r, i] = blk
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, no_cpython_wrapper=True)
 def heap_pop(hk, hb, hn, r):
     key = hk[r, 0]
     blk = hb[r, 0]
@@ -84,7 +84,7 @@ def heap_pop(hk, hb, hn, r):
     return key, blk
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, no_cpython_wrapper=True)
 def heap_compact(hk, hb, hn, r, keys, prio, n_blocks):
     """Drop stale entries of rank r's heap and re-heapify."""
     m = 0
@@ -102,7 +102,7 @@ def heap_compact(hk, hb, hn, r, keys, prio, n_blocks):
         heap_push(hk, hb, hn, r, tk[i], tb[i])
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, no_cpython_wrapper=True)
 def heap_push_room(hk, hb, hn, r, key, blk, keys, prio, n_blocks, heap_cap):
     """Push onto rank r's heap, compacting stale entries first when it is full; False if still full."""
     if hn[r] >= heap_cap:
