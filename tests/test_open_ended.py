@@ -88,6 +88,7 @@ def test_resume_in_window_two_and_going_back_are_bit_identical(job):
         assert b.epoch == 2 * K
         assert next(iter(b.epoch_range())) == 2 * K
         rest, _ = run_epochs(b, range(2 * K, EPOCHS))
+        b.windows.wait(3)  # the background thread may still be planning window 3 (it failed that way once)
         assert 1 not in b.windows.slices  # dropped once window 3 was planned
         back, _ = run_epochs(b, [K])  # back to window 1: planned again from window 0
     assert_same(rest, {k: v for k, v in full.items() if k[0] * S + k[1] >= state["step"]})

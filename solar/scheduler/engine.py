@@ -24,6 +24,7 @@ from .kernel import INF
 from .steps import run_steps
 
 
+@nb.njit(cache=True, nogil=True)
 def run_epoch(job, ep, buf, out):
     """Process the steps ``ep.first_step .. S-1`` of one epoch (:mod:`.kernel`: ``job`` :class:`~.kernel.Job`,
     ``ep`` :class:`~.kernel.Epoch`, ``buf`` :class:`~.kernel.Buffers`, written: ``buf`` and ``out``
@@ -35,9 +36,6 @@ def run_epoch(job, ep, buf, out):
     positions get buffers (:func:`.routing.assign_step`), then each buffer in turn counts its hits, evicts
     until its misses fit, loads them, and refreshes the priorities of what it used
     (:func:`.steps.buffer_step`).
-
-    Not compiled itself (one level less for numba to optimize and emit again): it calls the compiled
-    :func:`.steps.run_steps`, which runs without the GIL (open-ended plans plan their windows beside training).
     """
     run_steps(False, job, ep, buf, out)
 

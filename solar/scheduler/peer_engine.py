@@ -30,6 +30,7 @@ from .kernel import INF
 from .steps import run_steps
 
 
+@nb.njit(cache=True, nogil=True)
 def run_epoch_peer(job, ep, buf, out):
     """Process every step of one epoch over Q = ``job.n_buf`` node pools (``job.per_buf`` = L ranks each,
     ``job.ranks`` = P = Q*L ranks); the structs of :mod:`.kernel`, at node level (``cap_lo``/``cap_hi``/
@@ -46,9 +47,6 @@ def run_epoch_peer(job, ep, buf, out):
     out.stage, x_*      recorded staging reads and transfers (``x_src``/``x_dst`` nodes, ``x_blk`` units)
     out.err             on failure: (status, step, node, 0); a pool never fails for want of room: what
                         does not fit is staged
-
-    Not compiled itself (one level less for numba to optimize and emit again): it calls the compiled
-    :func:`.steps.run_steps`, which runs without the GIL (open-ended plans plan their windows beside training).
     """
     run_steps(True, job, ep, buf, out)
 

@@ -10,12 +10,12 @@ per call, and per (step, rank) that made the ``solar`` policy 10-25% slower at 1
 helpers called per unit (``ht_find``, heaps, :func:`follow_user` only when a unit changes owner) take the
 arrays they use.
 
-Compile time (numba compiles these on the first plan after an install, then caches them): a kernel called
-only from other kernels is compiled with ``no_cpython_wrapper`` (its wrapper, which unboxes every array of the
-structs from Python objects, was never used), and :func:`run_steps` is the outermost compiled function
-(``run_epoch`` calls it from Python): numba optimizes and emits a callee's code again in every caller it is
-linked into.  With the VM otherwise idle, 38.7-40.3 s of CPU for a first ``solar plan`` against 47.4-51.7 s
-before; plans unchanged (``tests/test_plan_digests.py``).
+Compile time (numba compiles these on the first plan after an install, then caches them): every kernel here
+is called only from other kernels, so it is compiled with ``no_cpython_wrapper``: the wrapper, which unboxes
+every array of the structs from Python objects and was never used, took about a fifth of a first
+``solar plan``'s CPU (38-42 s now against 47-52 s, this VM otherwise idle; plans unchanged,
+``tests/test_plan_digests.py``).  The entry points ``run_epoch`` / ``run_epoch_peer`` stay compiled: called
+from Python with ``peer`` as an argument, :func:`run_steps` would be dispatched on a literal, about 7 ms a call.
 
 Pure: arrays in, arrays out; no I/O, no MPI, no clock.
 """
@@ -487,7 +487,7 @@ def admit_parts(k, q, job, ep, buf, out, sc):
     return True
 
 
-@nb.njit(cache=True, nogil=True)
+@nb.njit(cache=True, nogil=True, no_cpython_wrapper=True)
 def run_steps(peer, job, ep, buf, out):
     """The steps ``ep.first_step .. S-1`` of one epoch, the loop both kernels run: each step's positions get
     buffers (:func:`.routing.assign_step`), grouped by buffer, then the buffers run (:func:`buffer_step`);
