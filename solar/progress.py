@@ -137,8 +137,9 @@ def each(iterable, total: Optional[int], desc: str, unit: str, mode: Mode):
 def compile_notice(desc: str, mode: Mode, after_s: Optional[float] = None):
     """Around work whose numba kernels may have to be compiled (the first run after an install or an upgrade, or
     with a new ``NUMBA_CACHE_DIR``: up to a minute or two, with nothing else to show): where numba has been
-    compiling for ``after_s`` seconds (default :data:`COMPILE_NOTICE_S`; a compile still under way then) and the work
-    is not done, one line on stderr says so.  Kernels loaded from numba's cache compile nothing and print nothing; so does ``mode`` off."""
+    compiling for ``after_s`` seconds (default :data:`COMPILE_NOTICE_S`; a compile still under way then) and the
+    work is not done, one line on stderr says so.  Kernels loaded from numba's cache compile nothing and print
+    nothing; so does ``mode`` off."""
     how = resolve(mode)
     if how is None:
         yield
